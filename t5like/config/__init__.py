@@ -1,0 +1,57 @@
+"""The t5like config: one typed dataclass tree, loaded from ``configs/*.py`` and overridden by flags.
+
+A config file defines ``get_config() -> t5like.config.Config``. Overrides use dotted keys
+(``--config.model.d_model=256``); unknown keys are rejected with the list of valid ones and the
+whole tree is validated before anything is built.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Iterable
+
+from t5like.config.data import DataConfig
+from t5like.config.model import PAPER_SIZES, ModelConfig, paper_model
+from t5like.config.schema import ConfigError, apply_dict, apply_overrides, to_dict, to_json
+from t5like.config.train import MeshConfig, TrainConfig
+
+
+@dataclasses.dataclass
+class Config:
+  """Everything one run needs."""
+
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)  # Architecture.
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)  # Data pipeline.
+  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)  # Optimisation.
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # Device mesh.
+
+  def validate(self) -> "Config":
+    for f in dataclasses.fields(self):
+      getattr(self, f.name).validate()
+    return self
+
+
+def load_config(path: str, overrides: Iterable[str] = ()) -> Config:
+  """Loads ``get_config()`` from a Python config file, applies overrides, validates."""
+  if not os.path.exists(path):
+    here = os.path.dirname(path) or "."
+    avail = sorted(p for p in os.listdir(here) if p.endswith(".py")) if os.path.isdir(here) else []
+    raise ConfigError(f"config file {path!r} does not exist; available in {here}: {avail}")
+  spec = importlib.util.spec_from_file_location(f"t5like_config_{abs(hash(path))}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)  # type: ignore[union-attr]
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"config file {path!r} must define get_config() returning a Config")
+  cfg = module.get_config()
+  if not isinstance(cfg, Config):
+    raise ConfigError(f"{path}: get_config() returned {type(cfg).__name__}, expected Config")
+  apply_overrides(cfg, overrides)
+  return cfg.validate()
+
+
+__all__ = [
+    "Config", "ConfigError", "DataConfig", "MeshConfig", "ModelConfig", "PAPER_SIZES",
+    "TrainConfig", "apply_dict", "apply_overrides", "load_config", "paper_model", "to_dict",
+    "to_json",
+]

@@ -1,0 +1,85 @@
+"""Multi-head dot-product attention for self- and cross-attention (PAPER.md §1).
+
+DecLLM: ``softmax(LN(Q) LN(K)^T / sqrt(d_h)) LN(V)``; RedLLM adds ``LN`` on the attention output
+(``attn_out_norm``), per head or over all heads, before the output projection. RoPE rotates
+queries and keys by their own explicit positions, so cross-attention with continuous positions
+encodes the true decoder-to-encoder distance. Optional grouped key/value heads.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from t5like.config.model import ModelConfig
+from t5like.models.layers import constrain, dropout, dtype, fan_in_init, fold, param
+from t5like.models.norms import RMSNorm
+from t5like.models.rotary import apply_rope
+
+try:  # Names the output so the "attention_out" remat policy can save it.
+  from jax.ad_checkpoint import checkpoint_name
+except ImportError:  # pragma: no cover
+  def checkpoint_name(x, name):
+    del name
+    return x
+
+_NEG = -0.7 * float(jnp.finfo(jnp.float32).max)  # Finite: fully-masked (padding) rows stay NaN-free.
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, *, use_rope: bool = True, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.use_rope = use_rope
+    d, h, g, k = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    pd = cfg.param_dtype
+    self.wq = param(rngs, fan_in_init(d), (d, h, k), ("embed", "heads", "kv"), pd)
+    self.wk = param(rngs, fan_in_init(d), (d, g, k), ("embed", "heads", "kv"), pd)
+    self.wv = param(rngs, fan_in_init(d), (d, g, k), ("embed", "heads", "kv"), pd)
+    self.wo = param(rngs, fan_in_init(h * k), (h, k, d), ("heads", "kv", "embed"), pd)
+    norm = dict(eps=cfg.norm_eps, param_dtype=pd, rngs=rngs)
+    if cfg.qkv_norm:
+      self.q_norm = RMSNorm((k,), ("kv",), **norm)
+      self.k_norm = RMSNorm((k,), ("kv",), **norm)
+      self.v_norm = RMSNorm((k,), ("kv",), **norm)
+    if cfg.attn_out_norm:
+      if cfg.attn_out_norm_scope == "per_head":
+        self.out_norm = RMSNorm((k,), ("kv",), **norm)
+      else:
+        self.out_norm = RMSNorm((h, k), ("heads", "kv"), **norm)
+
+  def __call__(self, x_q_btd: jax.Array, x_kv_bsd: jax.Array, q_pos_bt: jax.Array,
+               kv_pos_bs: jax.Array, mask_bhts: jax.Array, *,
+               rng: jax.Array | None = None) -> jax.Array:
+    """Attends from ``x_q`` [batch, t, d] to ``x_kv`` [batch, s, d]; returns [batch, t, d]."""
+    cfg = self.cfg
+    dt = dtype(cfg.dtype)
+    xq, xkv = x_q_btd.astype(dt), x_kv_bsd.astype(dt)
+    q_bthk = jnp.einsum("btd,dhk->bthk", xq, self.wq[...].astype(dt))
+    k_bsgk = jnp.einsum("bsd,dgk->bsgk", xkv, self.wk[...].astype(dt))
+    v_bsgk = jnp.einsum("bsd,dgk->bsgk", xkv, self.wv[...].astype(dt))
+    if cfg.qkv_norm:
+      q_bthk, k_bsgk, v_bsgk = self.q_norm(q_bthk), self.k_norm(k_bsgk), self.v_norm(v_bsgk)
+    if self.use_rope:
+      q_bthk = apply_rope(q_bthk, q_pos_bt, cfg.rope_max_wavelength)
+      k_bsgk = apply_rope(k_bsgk, kv_pos_bs, cfg.rope_max_wavelength)
+    q_bthk = constrain(q_bthk, ("batch", "length", "heads", "kv"))
+    k_bsgk = constrain(k_bsgk, ("batch", "length", "heads", "kv"))
+    v_bsgk = constrain(v_bsgk, ("batch", "length", "heads", "kv"))
+
+    b, t, h, k = q_bthk.shape
+    g = k_bsgk.shape[2]
+    q_btgrk = q_bthk.reshape(b, t, g, h // g, k) * jnp.asarray(k ** -0.5, dt)
+    scores_bgrts = jnp.einsum("btgrk,bsgk->bgrts", q_btgrk, k_bsgk,
+                              preferred_element_type=jnp.float32)
+    scores_bhts = scores_bgrts.reshape(b, h, t, -1)
+    scores_bhts = jnp.where(mask_bhts, scores_bhts, _NEG)
+    probs_bhts = jax.nn.softmax(scores_bhts, axis=-1).astype(dt)
+    probs_bhts = dropout(probs_bhts, cfg.dropout_rate, fold(rng, 0))
+    probs_bgrts = probs_bhts.reshape(b, g, h // g, t, -1)
+    out_bthk = jnp.einsum("bgrts,bsgk->btgrk", probs_bgrts, v_bsgk).reshape(b, t, h, k)
+    if cfg.attn_out_norm:
+      out_bthk = self.out_norm(out_bthk)
+    out_bthk = checkpoint_name(constrain(out_bthk, ("batch", "length", "heads", "kv")),
+                               "attention_out")
+    return jnp.einsum("bthk,hkd->btd", out_bthk, self.wo[...].astype(dt))

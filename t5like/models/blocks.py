@@ -1,0 +1,90 @@
+"""Transformer layers: the self-attention block (DecLLM layer, RedLLM encoder layer) and the
+RedLLM decoder block (self-attention, cross-attention, MLP). Pre-norm residual throughout."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from t5like.config.model import ModelConfig
+from t5like.models.attention import Attention
+from t5like.models.layers import constrain, dropout, fold
+from t5like.models.mlp import SwiGLU
+from t5like.models.norms import RMSNorm
+
+
+class SelfContext(NamedTuple):
+  """Per-call inputs every layer of a stack shares (closed over by the layer scan)."""
+  positions_bt: jax.Array  # [batch, length] RoPE positions.
+  mask_fwd: jax.Array  # [batch, heads|1, length, length] mask of forward (or all) layers.
+  mask_bwd: jax.Array | None  # Mask of backward layers (mixed_attention="per_layer"), else None.
+
+
+class CrossContext(NamedTuple):
+  """What the RedLLM decoder layers see of the encoder."""
+  encoded_bsd: jax.Array  # [batch, enc_length, embed] final encoder states.
+  enc_positions_bs: jax.Array  # [batch, enc_length] encoder positions (RoPE keys).
+  mask_bhts: jax.Array  # [batch, 1, dec_length, enc_length] same-segment cross mask.
+
+
+def layer_mask(ctx: SelfContext, layer_idx: jax.Array) -> jax.Array:
+  if ctx.mask_bwd is None:
+    return ctx.mask_fwd
+  return jnp.where(layer_idx % 2 == 1, ctx.mask_bwd, ctx.mask_fwd)
+
+
+def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> RMSNorm:
+  return RMSNorm((cfg.d_model,), ("embed",), eps=cfg.norm_eps, param_dtype=cfg.param_dtype,
+                 rngs=rngs)
+
+
+class SelfAttentionBlock(nnx.Module):
+  """x + Attn(Norm(x)); x + MLP(Norm(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.rate = cfg.dropout_rate
+    self.pre_attention_norm = _norm(cfg, rngs)
+    self.attention = Attention(cfg, rngs=rngs)
+    self.pre_mlp_norm = _norm(cfg, rngs)
+    self.mlp = SwiGLU(cfg, rngs=rngs)
+
+  def __call__(self, x_btd: jax.Array, ctx: SelfContext, layer_idx: jax.Array,
+               rng: jax.Array | None, cross: CrossContext | None = None) -> jax.Array:
+    del cross
+    h = self.pre_attention_norm(x_btd)
+    h = self.attention(h, h, ctx.positions_bt, ctx.positions_bt, layer_mask(ctx, layer_idx),
+                       rng=fold(rng, 1))
+    x_btd = x_btd + dropout(h, self.rate, fold(rng, 2))
+    h = self.mlp(self.pre_mlp_norm(x_btd), rng=fold(rng, 3))
+    x_btd = x_btd + dropout(h, self.rate, fold(rng, 4))
+    return constrain(x_btd, ("batch", "length", "embed"))
+
+
+class EncoderDecoderBlock(nnx.Module):
+  """RedLLM decoder layer: causal self-attention, cross-attention to the encoder, MLP."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.rate = cfg.dropout_rate
+    self.pre_self_attention_norm = _norm(cfg, rngs)
+    self.self_attention = Attention(cfg, rngs=rngs)
+    self.pre_cross_attention_norm = _norm(cfg, rngs)
+    self.cross_attention = Attention(cfg, use_rope=cfg.cross_attention_rope, rngs=rngs)
+    self.pre_mlp_norm = _norm(cfg, rngs)
+    self.mlp = SwiGLU(cfg, rngs=rngs)
+
+  def __call__(self, x_btd: jax.Array, ctx: SelfContext, layer_idx: jax.Array,
+               rng: jax.Array | None, cross: CrossContext | None = None) -> jax.Array:
+    assert cross is not None, "the decoder block needs the encoder outputs"
+    h = self.pre_self_attention_norm(x_btd)
+    h = self.self_attention(h, h, ctx.positions_bt, ctx.positions_bt, layer_mask(ctx, layer_idx),
+                            rng=fold(rng, 1))
+    x_btd = x_btd + dropout(h, self.rate, fold(rng, 2))
+    h = self.pre_cross_attention_norm(x_btd)
+    h = self.cross_attention(h, cross.encoded_bsd, ctx.positions_bt, cross.enc_positions_bs,
+                             cross.mask_bhts, rng=fold(rng, 3))
+    x_btd = x_btd + dropout(h, self.rate, fold(rng, 4))
+    h = self.mlp(self.pre_mlp_norm(x_btd), rng=fold(rng, 5))
+    x_btd = x_btd + dropout(h, self.rate, fold(rng, 6))
+    return constrain(x_btd, ("batch", "length", "embed"))

@@ -1,0 +1,70 @@
+"""DecLLM: the decoder-only baseline (PAPER.md §1), causal or with a bidirectional prefix.
+
+Input: the arrays of one seqio Decoder/PrefixLM batch —
+``decoder_input_tokens`` [batch, length], optional ``decoder_segment_ids`` (packing; default one
+segment), ``decoder_positions`` (default 0..length-1) and, for ``decoder_attention="prefix"``,
+``decoder_causal_attention`` (1 on the bidirectional prefix). Output: float32 logits
+[batch, length, vocab] from the tied embedding.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from t5like.config.model import ModelConfig
+from t5like.models import masks
+from t5like.models.blocks import SelfAttentionBlock, SelfContext
+from t5like.models.embedding import TiedEmbedding
+from t5like.models.layers import dropout, fold
+from t5like.models.norms import RMSNorm
+from t5like.models.stack import LayerStack
+
+
+def self_context(cfg: ModelConfig, segment_ids_bt: jax.Array, positions_bt: jax.Array, kind: str,
+                 prefix_bt: jax.Array | None = None) -> SelfContext:
+  """Builds the masks a self-attention stack needs (both directions for per-layer mixing)."""
+  mk = lambda backward: masks.self_attention_mask(  # noqa: E731
+      segment_ids_bt, kind=kind, prefix_bt=prefix_bt, mixed=cfg.mixed_attention,
+      num_heads=cfg.num_heads, backward=backward)
+  bwd = mk(True) if cfg.mixed_attention == "per_layer" and kind != "causal" else None
+  return SelfContext(positions_bt, mk(False), bwd)
+
+
+def default_positions(tokens_bt: jax.Array) -> jax.Array:
+  return jnp.broadcast_to(jnp.arange(tokens_bt.shape[1], dtype=jnp.int32), tokens_bt.shape)
+
+
+class DecLLM(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    cfg.validate()
+    self.cfg = cfg
+    self.embedding = TiedEmbedding(cfg, rngs=rngs)
+    self.decoder = LayerStack(lambda r: SelfAttentionBlock(cfg, rngs=r), cfg.num_layers, cfg,
+                              rngs=rngs)
+    self.final_norm = RMSNorm((cfg.d_model,), ("embed",), eps=cfg.norm_eps,
+                              param_dtype=cfg.param_dtype, rngs=rngs)
+
+  def __call__(self, batch: Mapping[str, jax.Array], *,
+               dropout_rng: jax.Array | None = None) -> jax.Array:
+    """Logits [batch, length, vocab]; dropout is applied only when ``dropout_rng`` is given."""
+    cfg = self.cfg
+    tokens_bt = batch["decoder_input_tokens"]
+    segment_ids_bt = batch.get("decoder_segment_ids")
+    if segment_ids_bt is None:
+      segment_ids_bt = jnp.ones_like(tokens_bt)
+    positions_bt = batch.get("decoder_positions")
+    if positions_bt is None:
+      positions_bt = default_positions(tokens_bt)
+    prefix_bt = batch.get("decoder_causal_attention") if cfg.decoder_attention == "prefix" else None
+    if cfg.decoder_attention == "prefix" and prefix_bt is None:
+      raise ValueError("model.decoder_attention='prefix' needs the `decoder_causal_attention` "
+                       "feature (use seqio's PrefixLMFeatureConverter)")
+    ctx = self_context(cfg, segment_ids_bt, positions_bt, cfg.decoder_attention, prefix_bt)
+    x_btd = dropout(self.embedding.embed(tokens_bt), cfg.dropout_rate, fold(dropout_rng, 0))
+    x_btd = self.decoder(x_btd, ctx, rng=fold(dropout_rng, 1))
+    x_btd = dropout(self.final_norm(x_btd), cfg.dropout_rate, fold(dropout_rng, 2))
+    return self.embedding.logits(x_btd)

@@ -1,0 +1,28 @@
+"""SwiGLU feed-forward: ``(silu(x W_gate) * (x W_up)) W_down``."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from t5like.config.model import ModelConfig
+from t5like.models.layers import constrain, dropout, dtype, fan_in_init, fold, param
+
+
+class SwiGLU(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, f = cfg.d_model, cfg.d_ff
+    self.cfg = cfg
+    self.wi_gate = param(rngs, fan_in_init(d), (d, f), ("embed", "mlp"), cfg.param_dtype)
+    self.wi_up = param(rngs, fan_in_init(d), (d, f), ("embed", "mlp"), cfg.param_dtype)
+    self.wo = param(rngs, fan_in_init(f), (f, d), ("mlp", "embed"), cfg.param_dtype)
+
+  def __call__(self, x_btd: jax.Array, *, rng: jax.Array | None = None) -> jax.Array:
+    dt = dtype(self.cfg.dtype)
+    x = x_btd.astype(dt)
+    gate_btf = jnp.einsum("btd,df->btf", x, self.wi_gate[...].astype(dt))
+    up_btf = jnp.einsum("btd,df->btf", x, self.wi_up[...].astype(dt))
+    h_btf = constrain(jax.nn.silu(gate_btf) * up_btf, ("batch", "length", "mlp"))
+    h_btf = dropout(h_btf, self.cfg.dropout_rate, fold(rng, 0))
+    return jnp.einsum("btf,fd->btd", h_btf, self.wo[...].astype(dt))

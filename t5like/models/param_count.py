@@ -1,0 +1,47 @@
+"""Analytic parameter counts, and the count of a built model without allocating it."""
+from __future__ import annotations
+
+import math
+
+import jax
+from flax import nnx
+
+from t5like.config.model import ModelConfig
+
+
+def attention_params(cfg: ModelConfig) -> int:
+  d, h, g, k = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+  n = d * h * k + 2 * d * g * k + h * k * d  # Q, K, V, O projections.
+  if cfg.qkv_norm:
+    n += 3 * k  # Per-head scales of the Q, K and V norms (shared across heads).
+  if cfg.attn_out_norm:
+    n += k if cfg.attn_out_norm_scope == "per_head" else h * k
+  return n
+
+
+def mlp_params(cfg: ModelConfig) -> int:
+  return 3 * cfg.d_model * cfg.d_ff  # Gate, up and down projections of SwiGLU.
+
+
+def analytic_param_count(cfg: ModelConfig) -> int:
+  """Exact parameter count of ``cfg`` from the formulas (tied embedding counted once)."""
+  d = cfg.d_model
+  embedding = cfg.vocab_size * d
+  self_layer = attention_params(cfg) + mlp_params(cfg) + 2 * d  # + two pre-norms.
+  if cfg.family == "decllm":
+    return embedding + cfg.num_layers * self_layer + d  # + final norm.
+  cross_layer = 2 * attention_params(cfg) + mlp_params(cfg) + 3 * d
+  return (embedding + cfg.num_encoder_layers * self_layer + d
+          + cfg.num_decoder_layers * cross_layer + d)
+
+
+def abstract_model(cfg: ModelConfig, seed: int = 0) -> nnx.Module:
+  """The model with ShapeDtypeStruct leaves: shapes and logical axes, no memory."""
+  from t5like.models import build_model
+  return nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(seed)))
+
+
+def built_param_count(cfg: ModelConfig) -> int:
+  """Counts the parameters of the abstractly built model (``nnx.eval_shape``, no allocation)."""
+  state = nnx.state(abstract_model(cfg), nnx.Param)
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(state))

@@ -1,0 +1,100 @@
+"""RedLLM: the revisited encoder-decoder (PAPER.md §1).
+
+Bidirectional encoder + decoder with causal self-attention and cross-attention; RoPE in all three
+with continuous positions (decoder position = that example's encoder length + t; queries rotated
+by decoder positions, keys by encoder positions); extra norm on the attention output; one tied
+embedding for encoder input, decoder input and output.
+
+Input: one seqio EncDec batch — ``encoder_input_tokens``, ``encoder_segment_ids``,
+``encoder_positions``, ``decoder_input_tokens``, ``decoder_segment_ids``, ``decoder_positions``.
+With packing, ``decoder_positions`` must already be continuous (``t5like.data`` offsets them per
+packed segment). Without segment/position arrays (one unpacked example per row) they default to
+encoder segment = non-padding tokens, encoder positions 0..k-1 and decoder positions k..k+m-1.
+"""
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from t5like.config.model import ModelConfig
+from t5like.models import masks
+from t5like.models.blocks import CrossContext, EncoderDecoderBlock, SelfAttentionBlock
+from t5like.models.decllm import default_positions, self_context
+from t5like.models.embedding import TiedEmbedding
+from t5like.models.layers import dropout, fold
+from t5like.models.norms import RMSNorm
+from t5like.models.stack import LayerStack
+
+
+class Encoded(NamedTuple):
+  encoded_bsd: jax.Array  # [batch, enc_length, embed] normalised encoder output.
+  positions_bs: jax.Array  # [batch, enc_length] encoder positions.
+  segment_ids_bs: jax.Array  # [batch, enc_length] encoder segment ids (0 = padding).
+
+
+class RedLLM(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    cfg.validate()
+    self.cfg = cfg
+    norm = lambda: RMSNorm((cfg.d_model,), ("embed",), eps=cfg.norm_eps,  # noqa: E731
+                           param_dtype=cfg.param_dtype, rngs=rngs)
+    self.embedding = TiedEmbedding(cfg, rngs=rngs)
+    self.encoder = LayerStack(lambda r: SelfAttentionBlock(cfg, rngs=r), cfg.num_encoder_layers,
+                              cfg, rngs=rngs)
+    self.encoder_norm = norm()
+    self.decoder = LayerStack(lambda r: EncoderDecoderBlock(cfg, rngs=r), cfg.num_decoder_layers,
+                              cfg, rngs=rngs)
+    self.decoder_norm = norm()
+
+  def encode(self, batch: Mapping[str, jax.Array], *,
+             dropout_rng: jax.Array | None = None) -> Encoded:
+    cfg = self.cfg
+    tokens_bs = batch["encoder_input_tokens"]
+    segment_ids_bs = batch.get("encoder_segment_ids")
+    if segment_ids_bs is None:
+      segment_ids_bs = (tokens_bs != 0).astype(jnp.int32)
+    positions_bs = batch.get("encoder_positions")
+    if positions_bs is None:
+      positions_bs = default_positions(tokens_bs)
+    ctx = self_context(cfg, segment_ids_bs, positions_bs, "bidirectional")
+    x_bsd = dropout(self.embedding.embed(tokens_bs), cfg.dropout_rate, fold(dropout_rng, 0))
+    x_bsd = self.encoder(x_bsd, ctx, rng=fold(dropout_rng, 1))
+    x_bsd = dropout(self.encoder_norm(x_bsd), cfg.dropout_rate, fold(dropout_rng, 2))
+    return Encoded(x_bsd, positions_bs, segment_ids_bs)
+
+  def decoder_positions(self, batch: Mapping[str, jax.Array], enc: Encoded) -> jax.Array:
+    """Given positions, or (unpacked rows) k..k+m-1 with k the row's encoder length."""
+    positions_bt = batch.get("decoder_positions")
+    if positions_bt is not None:
+      return positions_bt
+    positions_bt = default_positions(batch["decoder_input_tokens"])
+    if self.cfg.continuous_positions:
+      enc_len_b = jnp.sum(enc.segment_ids_bs > 0, axis=1).astype(jnp.int32)
+      positions_bt = positions_bt + enc_len_b[:, None]
+    return positions_bt
+
+  def decode(self, enc: Encoded, batch: Mapping[str, jax.Array], *,
+             dropout_rng: jax.Array | None = None) -> jax.Array:
+    """Decoder logits [batch, dec_length, vocab] given the encoder output."""
+    cfg = self.cfg
+    tokens_bt = batch["decoder_input_tokens"]
+    segment_ids_bt = batch.get("decoder_segment_ids")
+    if segment_ids_bt is None:
+      segment_ids_bt = jnp.ones_like(tokens_bt)
+    positions_bt = self.decoder_positions(batch, enc)
+    ctx = self_context(cfg, segment_ids_bt, positions_bt, "causal")
+    cross = CrossContext(enc.encoded_bsd, enc.positions_bs,
+                         masks.cross_attention_mask(segment_ids_bt, enc.segment_ids_bs))
+    x_btd = dropout(self.embedding.embed(tokens_bt), cfg.dropout_rate, fold(dropout_rng, 3))
+    x_btd = self.decoder(x_btd, ctx, rng=fold(dropout_rng, 4), cross=cross)
+    x_btd = dropout(self.decoder_norm(x_btd), cfg.dropout_rate, fold(dropout_rng, 5))
+    return self.embedding.logits(x_btd)
+
+  def __call__(self, batch: Mapping[str, jax.Array], *,
+               dropout_rng: jax.Array | None = None) -> jax.Array:
+    enc = self.encode(batch, dropout_rng=dropout_rng)
+    return self.decode(enc, batch, dropout_rng=dropout_rng)

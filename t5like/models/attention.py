@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover
     del name
     return x
 
-_NEG = -0.7 * float(jnp.finfo(jnp.float32).max)  # Finite: fully-masked (padding) rows stay NaN-free.
+_NEG = -0.7 * float(jnp.finfo(jnp.float32).max)  # Finite, so fully-masked rows stay NaN-free.
 
 
 class Attention(nnx.Module):
@@ -74,7 +74,8 @@ class Attention(nnx.Module):
                               preferred_element_type=jnp.float32)
     scores_bhts = scores_bgrts.reshape(b, h, t, -1)
     scores_bhts = jnp.where(mask_bhts, scores_bhts, _NEG)
-    probs_bhts = jax.nn.softmax(scores_bhts, axis=-1).astype(dt)
+    # Zeroing masked probabilities makes fully-masked (padding) rows attend to nothing at all.
+    probs_bhts = jnp.where(mask_bhts, jax.nn.softmax(scores_bhts, axis=-1), 0.0).astype(dt)
     probs_bhts = dropout(probs_bhts, cfg.dropout_rate, fold(rng, 0))
     probs_bgrts = probs_bhts.reshape(b, g, h // g, t, -1)
     out_bthk = jnp.einsum("bgrts,bsgk->btgrk", probs_bgrts, v_bsgk).reshape(b, t, h, k)

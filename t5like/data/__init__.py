@@ -1,0 +1,1 @@
+"""Data pipeline: vocabulary, sources, seqio tasks, objectives and feature converters."""

@@ -1,0 +1,1 @@
+"""Developer tools: vocabulary builder, embedded-data generator and other one-off CLIs."""

@@ -1,33 +1,111 @@
-"""Data pipeline config (seqio tasks/mixtures, lengths, objectives, packing)."""
+"""Data pipeline config (seqio tasks/mixtures, sources, lengths, objectives, packing)."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 
 from t5like.config.schema import ConfigError, check_choice, check_positive
 
 OBJECTIVES = ("auto", "causal", "prefix", "inputs_targets")
+PREFIX_SPLITS = ("middle", "random")
+SOURCES = ("jsonl", "tfds")
+BAD_RECORD_POLICIES = ("skip", "error")
+# Names that read a corpus from `data.data_dir` (the others are embedded or user-registered).
+ON_DISK_CORPORA = ("redpajama_v1", "flan")
+EMBEDDED_CORPORA = ("embedded_redpajama", "embedded_flan")
+_NAME_RE = re.compile(r"^[\w.:#]+$")
+
+
+def _corpus_of(name: str) -> str:
+  """The corpus a mixture name belongs to ("" for a user-registered seqio name)."""
+  base = name.split(":", 1)[0]
+  root = base.split(".", 1)[0]
+  return root if root in ON_DISK_CORPORA + EMBEDDED_CORPORA else ""
 
 
 @dataclasses.dataclass
 class DataConfig:
   """Which data to train on and how it is turned into packed arrays."""
 
-  mixture: str = "embedded_redpajama"  # Registered seqio task or mixture to train on.
-  eval_mixture: str = ""  # Task/mixture for held-out eval loss ("" = none).
-  data_dir: str = ""  # Root of the on-disk corpus (RedPajama/FLAN layout); "" = embedded data.
+  mixture: str = "embedded_redpajama"  # Task/mixture to train on: embedded_redpajama[.<subset>],
+  #   embedded_flan[.<submixture>[.<task>]], redpajama_v1[...] / flan[...] (need data_dir), or
+  #   any name already registered with seqio (used as is, no objective preprocessing added).
+  eval_mixture: str = ""  # Task/mixture whose "validation" split gives held-out loss ("" = the
+  #   validation split of `mixture`).
+  data_dir: str = ""  # On-disk corpus root ("" for embedded names): RedPajama-V1 layout
+  #   <root>/<subset>/*.jsonl[.zst] for redpajama_v1, FLAN layout
+  #   <root>/<submixture>/<task>/<split>.jsonl[.zst] for flan.
+  validation_dir: str = ""  # RedPajama layout root of held-out documents ("" = none; the embedded
+  #   corpus always uses its own held-out root).
+  source: str = "jsonl"  # "jsonl": read the shards directly (no preparation step); "tfds": convert
+  #   them once into a TFDS dataset under tfds_data_dir and read that (fast, sharded TFRecords).
+  tfds_data_dir: str = ""  # Where TFDS conversions live ("" = $T5LIKE_CACHE/tfds/<corpus>-<hash of
+  #   its root>, T5LIKE_CACHE defaulting to ~/.cache/t5like).
   vocab_path: str = ""  # SentencePiece model file; "" = the embedded vocabulary.
-  objective: str = "auto"  # "causal", "prefix" (split each chunk into encoder input / target),
-  #   "inputs_targets" (instruction tuning), or "auto" (causal for DecLLM, prefix for RedLLM).
-  sequence_length: int = 2048  # Decoder-only length (DecLLM), inputs+targets for prefix splits.
-  inputs_length: int = 1024  # Encoder input length (RedLLM) / prefix budget (instruction tuning).
+  objective: str = "auto"  # "causal" (DecLLM LM on chunks of sequence_length), "prefix" (split
+  #   each chunk of inputs_length+targets_length tokens into encoder input / decoder target, or
+  #   DecLLM prefix LM), "inputs_targets" (instruction tuning on the records' inputs/targets), or
+  #   "auto": inputs_targets for FLAN corpora; else causal for DecLLM with causal attention, prefix
+  #   for DecLLM with decoder_attention="prefix" and for RedLLM.
+  prefix_split: str = "middle"  # Where "prefix" splits a chunk of L tokens: "middle" puts
+  #   floor(L*inputs_length/(inputs_length+targets_length)) tokens in the input (L/2 when the two
+  #   lengths are equal, as in the paper); "random" draws the split uniformly among valid points.
+  sequence_length: int = 2048  # Decoder length of the "causal" objective (DecLLM pretraining).
+  inputs_length: int = 1024  # Encoder input length (RedLLM) / prefix budget (DecLLM prefix LM).
   targets_length: int = 1024  # Decoder target length (RedLLM) / target budget.
-  pack: bool = True  # Pack several examples per row with seqio's packing.
-  seed: int = 0  # Shuffle/mixing seed; the same seed gives the same batches.
+  pack: bool = True  # Pack several examples per row with seqio's packing (segment ids 0 = padding).
+  mixture_rates: dict[str, float] = dataclasses.field(default_factory=dict)  # Rate overrides by
+  #   subset / sub-mixture / task name, e.g. {"common_crawl": 2.0, "book": 0}; 0 drops that part.
+  #   Defaults: RedPajama subsets by token count (PAPER.md §3), FLAN tasks by capped example count.
+  flan_example_cap: int = 30_000  # Examples-proportional mixing cap per FLAN task (T5/FLAN style).
+  shuffle_buffer_size: int = 1000  # Per-task example shuffle buffer (after preprocessing).
+  bad_records: str = "skip"  # Invalid JSON / missing field / empty text / invalid UTF-8 records:
+  #   "skip" (count them, see DataIterator.stats()) or "error" (fail naming the file and line).
+  seed: int = 0  # Seed of file/example shuffles, mixing, random splits (same seed, same batches).
 
   def validate(self) -> "DataConfig":
     check_choice("data.objective", self.objective, OBJECTIVES)
-    for name in ("sequence_length", "inputs_length", "targets_length"):
+    check_choice("data.prefix_split", self.prefix_split, PREFIX_SPLITS)
+    check_choice("data.source", self.source, SOURCES)
+    check_choice("data.bad_records", self.bad_records, BAD_RECORD_POLICIES)
+    for name in ("sequence_length", "inputs_length", "targets_length", "flan_example_cap",
+                 "shuffle_buffer_size"):
       check_positive(f"data.{name}", getattr(self, name))
-    if not self.mixture:
-      raise ConfigError("data.mixture must name a registered seqio task or mixture")
+    for field in ("mixture", "eval_mixture"):
+      name = getattr(self, field)
+      if field == "mixture" and not name:
+        raise ConfigError("data.mixture must name a registered seqio task or mixture, e.g. "
+                          "embedded_redpajama or embedded_flan")
+      if name and not _NAME_RE.match(name):
+        raise ConfigError(f"data.{field}={name!r} is not a valid seqio name (letters, digits, "
+                          "'_', '.', ':', '#')")
+      corpus = _corpus_of(name) if name else ""
+      if corpus in ON_DISK_CORPORA and not self.data_dir:
+        layout = ("<root>/<subset>/*.jsonl[.zst]" if corpus == "redpajama_v1"
+                  else "<root>/<submixture>/<task>/<split>.jsonl[.zst]")
+        raise ConfigError(
+            f"data.{field}={name!r} reads a corpus on disk: set data.data_dir to its root "
+            f"({layout})")
+      if corpus in EMBEDDED_CORPORA and field == "mixture" and (
+          self.data_dir or self.validation_dir):
+        raise ConfigError(
+            f"data.mixture={name!r} reads the embedded corpus, so data.data_dir / "
+            "data.validation_dir would be ignored; use redpajama_v1 or flan to read a corpus on "
+            "disk")
+    if self.objective in ("causal", "prefix") and _corpus_of(self.mixture).endswith("flan"):
+      raise ConfigError(
+          f"data.objective={self.objective!r} needs plain text, but {self.mixture!r} is an "
+          "instruction corpus (inputs/targets); use data.objective='inputs_targets' or 'auto'")
+    if self.objective == "inputs_targets" and _corpus_of(self.mixture).endswith("redpajama"):
+      raise ConfigError(
+          f"data.objective='inputs_targets' needs inputs/targets records, but {self.mixture!r} "
+          "is plain text; use 'causal', 'prefix' or 'auto'")
+    for key, rate in self.mixture_rates.items():
+      if not isinstance(key, str) or not key:
+        raise ConfigError(f"data.mixture_rates keys must be non-empty names, got {key!r}")
+      if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not math.isfinite(rate):
+        raise ConfigError(f"data.mixture_rates[{key!r}] must be a finite number, got {rate!r}")
+      if rate < 0:
+        raise ConfigError(f"data.mixture_rates[{key!r}] must be >= 0 (0 drops it), got {rate}")
     return self

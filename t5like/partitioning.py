@@ -95,3 +95,32 @@ def state_shardings(abstract_state, mesh: Mesh):
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """[batch, length] arrays: rows over (data, fsdp), length replicated."""
   return NamedSharding(mesh, logical_to_spec(("batch", "length")))
+
+
+def fitted_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+  """The rule table's spec for ``axes``, leaving replicated any dimension the mesh does not divide.
+
+  (E.g. a 1-layer stack, or 3 heads on tensor=2: that dimension stays whole instead of failing.)
+  """
+  spec = logical_to_spec(axes)
+  out = []
+  for dim, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    size = math.prod(mesh.shape[n] for n in names)
+    out.append(entry if size == 1 or dim % size == 0 else None)
+  return PartitionSpec(*out)
+
+
+def tree_shardings(axes_tree, abstract_tree, mesh: Mesh):
+  """NamedShardings for a tree of arrays given a parallel tree of logical-axes tuples."""
+  leaves, treedef = jax.tree.flatten(abstract_tree)
+  flat_axes = treedef.flatten_up_to(axes_tree)
+  return jax.tree.unflatten(treedef, [
+      NamedSharding(mesh, fitted_spec(a, x.shape, mesh)) for a, x in zip(flat_axes, leaves)])
+
+
+def data_shards(mesh: Mesh) -> int:
+  """How many ways a batch is split (the mesh axes that ``batch`` maps to)."""
+  spec = logical_to_spec(("batch",))[0]
+  names = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+  return math.prod(mesh.shape[n] for n in names)

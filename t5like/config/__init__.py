@@ -14,7 +14,7 @@ from typing import Iterable
 from t5like.config.data import DataConfig
 from t5like.config.model import PAPER_SIZES, ModelConfig, paper_model
 from t5like.config.schema import ConfigError, apply_dict, apply_overrides, to_dict, to_json
-from t5like.config.train import MeshConfig, TrainConfig
+from t5like.config.train import CheckpointConfig, DistributedConfig, MeshConfig, TrainConfig
 
 
 @dataclasses.dataclass
@@ -25,6 +25,8 @@ class Config:
   data: DataConfig = dataclasses.field(default_factory=DataConfig)  # Data pipeline.
   train: TrainConfig = dataclasses.field(default_factory=TrainConfig)  # Optimisation.
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # Device mesh.
+  checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)  # Orbax.
+  distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)  # Hosts.
 
   def validate(self) -> "Config":
     for f in dataclasses.fields(self):
@@ -51,7 +53,7 @@ def load_config(path: str, overrides: Iterable[str] = ()) -> Config:
 
 
 __all__ = [
-    "Config", "ConfigError", "DataConfig", "MeshConfig", "ModelConfig", "PAPER_SIZES",
-    "TrainConfig", "apply_dict", "apply_overrides", "load_config", "paper_model", "to_dict",
-    "to_json",
+    "CheckpointConfig", "Config", "ConfigError", "DataConfig", "DistributedConfig", "MeshConfig",
+    "ModelConfig", "PAPER_SIZES", "TrainConfig", "apply_dict", "apply_overrides", "load_config",
+    "paper_model", "to_dict", "to_json",
 ]

@@ -1,0 +1,9 @@
+"""Paper instruction tuning (FLAN), DecLLM 8B, causal attention.
+
+Needs --config.data.data_dir=<FLAN root> --config.train.init_from=<decllm_8b workdir>.
+"""
+from t5like.training.presets import paper_instruction_tuning
+
+
+def get_config():
+  return paper_instruction_tuning("decllm", "8b", prefix=False)

@@ -1,0 +1,9 @@
+"""Paper instruction tuning (FLAN), RedLLM 1B.
+
+Needs --config.data.data_dir=<FLAN root> --config.train.init_from=<redllm_1b workdir>.
+"""
+from t5like.training.presets import paper_instruction_tuning
+
+
+def get_config():
+  return paper_instruction_tuning("redllm", "1b")

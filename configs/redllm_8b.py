@@ -1,0 +1,9 @@
+"""Paper pretraining (PAPER.md §1), RedLLM 8B.
+
+Needs --config.data.data_dir=<RedPajama V1 root>.
+"""
+from t5like.training.presets import paper_pretraining
+
+
+def get_config():
+  return paper_pretraining("redllm", "8b")

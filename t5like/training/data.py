@@ -1,0 +1,192 @@
+"""How the trainer gets batches: per-host iterators over the data pipeline, assembled into
+global arrays sharded over the mesh.
+
+Each process reads its own shard (``shard_index = jax.process_index()``) with
+``global_batch / process_count`` rows; ``global_batch`` turns the per-host numpy batches into
+one global ``jax.Array`` per feature with ``jax.make_array_from_process_local_data``.
+
+The iterator protocol the loop needs: ``next(it) -> dict[str, np.ndarray]`` ([rows, length]
+int32), ``it.save(directory)`` / ``it.restore(directory)`` (saved with every checkpoint), and
+optionally ``it.close()``. ``SyntheticData`` provides such iterators without any corpus (tests,
+benchmarks); ``PipelineData`` wraps ``t5like.data.pipeline.make_iterator``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator, Mapping, Protocol
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from t5like.config import Config, ConfigError
+
+
+class DataIterator(Protocol):
+  def __next__(self) -> dict[str, np.ndarray]: ...
+  def save(self, directory: str) -> None: ...
+  def restore(self, directory: str) -> None: ...
+
+
+class DataSource(Protocol):
+  """Makes the per-host iterators of one run."""
+
+  def train(self, batch_size: int, shard_index: int, num_shards: int) -> DataIterator: ...
+
+  def eval(self, batch_size: int, shard_index: int, num_shards: int) -> DataIterator | None:
+    """A fresh, finite, unshuffled held-out iterator (same batches every call), or None."""
+
+
+class PipelineData:
+  """The seqio pipeline of ``t5like.data`` (training mixture; held-out eval split)."""
+
+  def __init__(self, cfg: Config):
+    self.cfg = cfg
+    try:
+      from t5like.data import pipeline  # noqa: F401
+    except ImportError as e:
+      raise ConfigError(
+          f"the data pipeline t5like.data.pipeline is not importable ({e}); it is needed to "
+          f"train on data.mixture={cfg.data.mixture!r}") from e
+
+  def train(self, batch_size, shard_index, num_shards):
+    from t5like.data import pipeline
+    return pipeline.make_iterator(self.cfg, split="train", batch_size=batch_size,
+                                  shard_index=shard_index, num_shards=num_shards, shuffle=True,
+                                  repeat=True)
+
+  def eval(self, batch_size, shard_index, num_shards):
+    """The validation split of ``data.eval_mixture`` (default: of ``data.mixture``)."""
+    from t5like.data import pipeline
+    return pipeline.make_iterator(self.cfg, split="validation", batch_size=batch_size,
+                                  shard_index=shard_index, num_shards=num_shards, shuffle=False,
+                                  repeat=False)
+
+
+def global_batch(local: Mapping[str, np.ndarray], sharding: NamedSharding,
+                 global_rows: int) -> dict[str, jax.Array]:
+  """Per-host rows -> global arrays [global_rows, ...] sharded by ``sharding``."""
+  out = {}
+  for k, v in local.items():
+    v = np.asarray(v)
+    out[k] = jax.make_array_from_process_local_data(sharding, v, (global_rows,) + v.shape[1:])
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Synthetic data: learnable token streams with the features of every objective, no corpus needed.
+
+
+class SyntheticIterator:
+  """Deterministic batches of a fixed random Markov chain (each token has ``branching`` likely
+  successors), so a model can learn far below the unigram entropy. Batch ``i`` of shard ``s``
+  depends only on (seed, s, i); the state saved with a checkpoint is ``i``."""
+
+  def __init__(self, *, family: str, prefix: bool, vocab_size: int, batch_size: int,
+               length: int, inputs_length: int, seed: int, shard_index: int,
+               num_batches: int | None = None, branching: int = 4):
+    self.family, self.prefix = family, prefix
+    self.vocab, self.rows = vocab_size, batch_size
+    self.length, self.inputs_length = length, inputs_length
+    self.seed, self.shard, self.num_batches = seed, shard_index, num_batches
+    table_rng = np.random.default_rng(seed)
+    self.successors = table_rng.integers(3, vocab_size, size=(vocab_size, branching))
+    self.index = 0
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    return self
+
+  def _stream(self, rng: np.random.Generator, n: int) -> np.ndarray:
+    out = np.empty((self.rows, n), np.int64)
+    tok = rng.integers(3, self.vocab, size=self.rows)
+    for t in range(n):
+      out[:, t] = tok
+      choice = rng.integers(0, self.successors.shape[1], size=self.rows)
+      tok = self.successors[tok, choice]
+    return out
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self.num_batches is not None and self.index >= self.num_batches:
+      raise StopIteration
+    rng = np.random.default_rng([self.seed, self.shard, self.index, 7])
+    self.index += 1
+    i32 = lambda x: np.asarray(x, np.int32)  # noqa: E731
+    ones = lambda n: np.ones((self.rows, n), np.int32)  # noqa: E731
+    pos = lambda n, start=0: np.broadcast_to(np.arange(start, start + n), (self.rows, n))  # noqa
+    if self.family == "redllm":
+      k, m = self.inputs_length, self.length
+      seq = self._stream(rng, k + m)
+      inputs, targets = seq[:, :k], seq[:, k:]
+      dec_in = np.concatenate([np.zeros((self.rows, 1), np.int64), targets[:, :-1]], axis=1)
+      return {
+          "encoder_input_tokens": i32(inputs), "encoder_segment_ids": ones(k),
+          "encoder_positions": i32(pos(k)), "decoder_input_tokens": i32(dec_in),
+          "decoder_target_tokens": i32(targets), "decoder_loss_weights": ones(m),
+          "decoder_segment_ids": ones(m), "decoder_positions": i32(pos(m, k))}
+    n = self.length
+    targets = self._stream(rng, n)
+    dec_in = np.concatenate([np.zeros((self.rows, 1), np.int64), targets[:, :-1]], axis=1)
+    batch = {
+        "decoder_input_tokens": i32(dec_in), "decoder_target_tokens": i32(targets),
+        "decoder_loss_weights": ones(n), "decoder_segment_ids": ones(n),
+        "decoder_positions": i32(pos(n))}
+    if self.prefix:
+      k = min(self.inputs_length, n - 1)
+      batch["decoder_causal_attention"] = i32(pos(n) < k)
+      batch["decoder_loss_weights"] = i32(pos(n) >= k)
+    return batch
+
+  def save(self, directory: str) -> None:
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "synthetic_iterator.json"), "w") as f:
+      json.dump({"index": self.index, "shard": self.shard, "seed": self.seed}, f)
+
+  def restore(self, directory: str) -> None:
+    with open(os.path.join(directory, "synthetic_iterator.json")) as f:
+      saved = json.load(f)
+    if (saved["seed"], saved["shard"]) != (self.seed, self.shard):
+      raise ValueError(f"synthetic iterator state saved with seed/shard "
+                       f"{saved['seed']}/{saved['shard']}, now {self.seed}/{self.shard}")
+    self.index = int(saved["index"])
+
+
+class SyntheticData:
+  """A ``DataSource`` of ``SyntheticIterator``s shaped by ``cfg`` (model family, lengths)."""
+
+  def __init__(self, cfg: Config, *, eval_batches: int = 4):
+    self.cfg = cfg
+    self.eval_batches = eval_batches
+
+  def _make(self, batch_size: int, shard_index: int, seed: int, num_batches: int | None):
+    m, d = self.cfg.model, self.cfg.data
+    red = m.family == "redllm"
+    return SyntheticIterator(
+        family=m.family, prefix=m.decoder_attention == "prefix", vocab_size=m.vocab_size,
+        batch_size=batch_size, length=d.targets_length if red else d.sequence_length,
+        inputs_length=d.inputs_length, seed=seed, shard_index=shard_index,
+        num_batches=num_batches)
+
+  def train(self, batch_size, shard_index, num_shards):
+    return self._make(batch_size, shard_index, self.cfg.data.seed, None)
+
+  def eval(self, batch_size, shard_index, num_shards):
+    it = self._make(batch_size, shard_index, self.cfg.data.seed, self.eval_batches)
+    it.index = 10**6  # Held-out: batches the training stream does not reach in tests.
+    it.num_batches = it.index + self.eval_batches
+    return it
+
+
+def unigram_entropy(batches: Any) -> float:
+  """Entropy (nats) of the target-token unigram distribution of ``batches`` (loss-weighted)."""
+  counts: dict[int, float] = {}
+  for b in batches:
+    t = np.asarray(b["decoder_target_tokens"]).ravel()
+    w = np.asarray(b.get("decoder_loss_weights", t > 0)).ravel().astype(np.float64)
+    ids, inv = np.unique(t, return_inverse=True)
+    sums = np.bincount(inv, weights=w)
+    for i, s in zip(ids.tolist(), sums.tolist()):
+      counts[i] = counts.get(i, 0.0) + s
+  p = np.array([c for c in counts.values() if c > 0])
+  p = p / p.sum()
+  return float(-(p * np.log(p)).sum())

@@ -1,0 +1,87 @@
+"""Model FLOPs by the PAPER.md §4 (MaxText) convention, and device peaks for MFU.
+
+Per layer, forward, B sequences of length S: SwiGLU FFN ``6·B·S·d·d_ff``; Q/K/V projections
+``2·B·S·d·(H_q + 2·H_kv)·d_h``; output projection ``2·B·S·d·H_q·d_h``; attention scores and
+values ``4·B·S_q·S_kv·H·d_h``, halved when causal (DecLLM, RedLLM decoder self-attention; a
+PrefixLM decoder is counted as causal); logits ``2·B·S·d·V`` once. Training = 3 × forward.
+
+RedLLM: encoder layers over the input length (bidirectional, full attention); decoder layers over
+the target length: causal self-attention, then cross-attention whose queries come from the
+``S_d`` decoder tokens and keys/values from the ``S_e`` encoder tokens (K/V projections over
+``S_e``, attention ``4·B·S_d·S_e·H·d_h`` full). Logits over the decoder length only.
+Embedding lookups, norms, RoPE, softmax and the optimizer are not counted (as in MaxText).
+"""
+from __future__ import annotations
+
+import jax
+
+from t5like.config.model import ModelConfig
+
+
+def _proj_flops(cfg: ModelConfig, b: int, s_q: int, s_kv: int) -> float:
+  d, h, g, k = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+  return 2.0 * b * s_q * d * h * k + 2.0 * b * s_kv * d * 2 * g * k + 2.0 * b * s_q * d * h * k
+
+
+def _attn_flops(cfg: ModelConfig, b: int, s_q: int, s_kv: int, causal: bool) -> float:
+  f = 4.0 * b * s_q * s_kv * cfg.num_heads * cfg.head_dim
+  return f / 2 if causal else f
+
+
+def _ffn_flops(cfg: ModelConfig, b: int, s: int) -> float:
+  return 6.0 * b * s * cfg.d_model * cfg.d_ff
+
+
+def forward_flops(cfg: ModelConfig, batch: int, decoder_length: int,
+                  encoder_length: int = 0) -> float:
+  """Forward FLOPs of one batch (``encoder_length`` is used by RedLLM only)."""
+  b, s = batch, decoder_length
+  logits = 2.0 * b * s * cfg.d_model * cfg.vocab_size
+  if cfg.family == "decllm":
+    layer = _proj_flops(cfg, b, s, s) + _attn_flops(cfg, b, s, s, True) + _ffn_flops(cfg, b, s)
+    return cfg.num_layers * layer + logits
+  se = encoder_length
+  enc = _proj_flops(cfg, b, se, se) + _attn_flops(cfg, b, se, se, False) + _ffn_flops(cfg, b, se)
+  dec = (_proj_flops(cfg, b, s, s) + _attn_flops(cfg, b, s, s, True)
+         + _proj_flops(cfg, b, s, se) + _attn_flops(cfg, b, s, se, False) + _ffn_flops(cfg, b, s))
+  return cfg.num_encoder_layers * enc + cfg.num_decoder_layers * dec + logits
+
+
+def train_flops(cfg: ModelConfig, batch: int, decoder_length: int,
+                encoder_length: int = 0) -> float:
+  """Training FLOPs of one step (forward + backward = 3 × forward)."""
+  return 3.0 * forward_flops(cfg, batch, decoder_length, encoder_length)
+
+
+def batch_lengths(batch: dict) -> tuple[int, int]:
+  """(decoder_length, encoder_length) of a feature dict (encoder_length 0 for DecLLM)."""
+  dec = batch["decoder_input_tokens"].shape[1]
+  enc = batch["encoder_input_tokens"].shape[1] if "encoder_input_tokens" in batch else 0
+  return int(dec), int(enc)
+
+
+# Dense bf16 peaks per device (chip), FLOP/s.
+_PEAKS = (
+    ("tpu v6", 918e12), ("tpu v5 lite", 197e12), ("tpu v5e", 197e12), ("tpu v5p", 459e12),
+    ("tpu v5", 459e12), ("tpu v4", 275e12), ("tpu v3", 123e12), ("h200", 989e12),
+    ("h100", 989e12), ("a100", 312e12), ("l4", 121e12),
+)
+# This project's 2-vCPU CPU box (ANCHORS.md): f32 FMA 569 GFLOP/s, bf16 with f32 accumulation
+# ~1,026 GFLOP/s, for the whole machine (host-platform "devices" share the same cores).
+CPU_PEAK_F32 = 569e9
+CPU_PEAK_BF16 = 1026e9
+
+
+def peak_flops_per_device(configured: float, compute_dtype: str) -> float:
+  """The configured peak, else a lookup by device kind (0.0 if unknown: MFU not reported)."""
+  if configured > 0:
+    return configured
+  dev = jax.local_devices()[0]
+  if dev.platform == "cpu":
+    total = CPU_PEAK_F32 if compute_dtype == "float32" else CPU_PEAK_BF16
+    return total / jax.local_device_count()
+  kind = dev.device_kind.lower()
+  for key, peak in _PEAKS:
+    if key in kind:
+      return peak
+  return 0.0

@@ -1,0 +1,140 @@
+"""Metrics out: TensorBoard event files, ``metrics.jsonl``, a console progress bar with ETA.
+
+Only process 0 writes. ``metrics.jsonl`` holds one JSON object per logged step
+(``{"step": ..., "loss": ..., ...}``, train scalars; ``eval_*`` keys on eval steps), appended
+across restarts, so a resumed run continues the same file (a step logged twice — after a crash
+between a checkpoint and the next — appears twice; the later line is the resumed run's).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+
+class MetricsWriter:
+
+  def __init__(self, workdir: str, *, total_steps: int, start_step: int, progress_bar: bool):
+    self.active = jax.process_index() == 0
+    self.jsonl_path = os.path.join(workdir, "metrics.jsonl")
+    self.tb_dir = os.path.join(workdir, "tensorboard")
+    self._tb = None
+    self._bar = None
+    if not self.active:
+      return
+    os.makedirs(self.tb_dir, exist_ok=True)
+    try:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(self.tb_dir, flush_secs=30)
+    except Exception as e:  # noqa: BLE001 - TensorBoard is optional; jsonl is always written.
+      print(f"tensorboardX unavailable ({e}); writing metrics.jsonl only")
+    self._jsonl = open(self.jsonl_path, "a")
+    if progress_bar:
+      import sys
+
+      from tqdm import tqdm
+      tty = sys.stderr.isatty()
+      self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                       smoothing=0.1, mininterval=0.5 if tty else 30.0)
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    if not self.active:
+      return
+    clean = {k: _py(v) for k, v in scalars.items()}
+    self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+    self._jsonl.flush()
+    if self._tb is not None:
+      for k, v in clean.items():
+        if isinstance(v, (int, float)) and math.isfinite(v):
+          self._tb.add_scalar(_tb_name(k), v, step)
+
+  def progress(self, step: int, postfix: Mapping[str, Any] | None = None) -> None:
+    if self._bar is None:
+      return
+    if postfix:
+      self._bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v)
+                             for k, v in postfix.items()}, refresh=False)
+    self._bar.update(step - self._bar.n)  # Redraws at most every `mininterval` seconds.
+
+  def message(self, text: str) -> None:
+    """Prints without breaking the progress bar."""
+    if not self.active:
+      return
+    if self._bar is not None:
+      self._bar.write(text)
+    else:
+      print(text, flush=True)
+
+  def close(self) -> None:
+    if not self.active:
+      return
+    if self._bar is not None:
+      self._bar.close()
+    if self._tb is not None:
+      self._tb.close()
+    self._jsonl.close()
+
+
+def _tb_name(key: str) -> str:
+  if key.startswith("eval_"):
+    return f"eval/{key[5:]}"
+  if key in ("tokens_per_sec", "target_tokens_per_sec", "step_time_s", "mfu",
+             "tflops_per_sec_per_device"):
+    return f"perf/{key}"
+  return f"train/{key}"
+
+
+def _py(v: Any) -> Any:
+  if isinstance(v, (np.ndarray, np.generic, jax.Array)):
+    v = np.asarray(v).item()
+  return v
+
+
+class IntervalStats:
+  """Averages per-step scalars between log points and measures throughput."""
+
+  def __init__(self):
+    self.sums: dict[str, float] = {}
+    self.last: dict[str, float] = {}
+    self.count = 0
+    self.t0 = time.perf_counter()
+
+  def add(self, metrics: Mapping[str, float]) -> None:
+    for k, v in metrics.items():
+      self.sums[k] = self.sums.get(k, 0.0) + float(v)
+      self.last[k] = float(v)
+    self.count += 1
+
+  def pause(self, seconds: float) -> None:
+    """Leaves ``seconds`` (e.g. an evaluation) out of the current interval's time."""
+    self.t0 += seconds
+
+  def reset_clock(self) -> None:
+    self.t0 = time.perf_counter()
+    self.count = 0
+    self.sums = {}
+
+  def summary(self, *, flops_per_step: float, tokens_per_step: int, peak_flops_total: float,
+              num_devices: int) -> dict[str, float]:
+    n = max(self.count, 1)
+    out = {k: v / n for k, v in self.sums.items()}
+    for k in ("learning_rate", "skipped_steps", "consecutive_skipped"):
+      if k in self.last:
+        out[k] = self.last[k]
+    dt = time.perf_counter() - self.t0
+    if self.count and dt > 0:
+      step_time = dt / self.count
+      out["step_time_s"] = step_time
+      out["tokens_per_sec"] = tokens_per_step / step_time
+      out["target_tokens_per_sec"] = out.get("target_tokens", 0.0) / step_time
+      achieved = flops_per_step / step_time
+      out["tflops_per_sec_per_device"] = achieved / num_devices / 1e12
+      if peak_flops_total > 0:
+        out["mfu"] = achieved / peak_flops_total
+    out.pop("finite", None)
+    return out

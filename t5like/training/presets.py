@@ -1,0 +1,138 @@
+"""Config builders behind ``configs/*.py`` (each config file is one call to one of these).
+
+The paper configs need ``--config.data.data_dir=<corpus root>``; ``load_config`` says so if missing.
+
+- ``paper_pretraining(family, size)``: PAPER.md §1 pretraining — RedPajama V1, 400K steps, batch
+  2048, DecLLM length 2048 / RedLLM 1024 input + 1024 target (mid split), Adafactor 0.8, warmup 2k
+  to 0.01 then cosine to 0.1x, clipping 1.0, dropout 0, z-loss 1e-4, bf16 compute.
+- ``paper_instruction_tuning(family, size, prefix)``: FLAN, 190K steps, batch 1024, 2048 input /
+  512 target, constant 1e-3, dropout 0.05, no z-loss; ``prefix=True`` is "DecLLM + BiAttn"
+  (bidirectional attention over the input). Set ``train.init_from`` to the pretraining run.
+- ``tiny_pretraining`` / ``tiny_instruction_tuning``: the same recipes shrunk to train in a few
+  minutes on 2 CPU cores on the embedded corpora (float32 compute, vocab of the embedded
+  SentencePiece model, schedule lengths scaled with the number of steps). Their peak learning
+  rates are 10x the paper's (0.1 / constant 0.01, same pretraining:finetuning ratio): measured
+  here, a d_model-128 model at 0.01 needs about twice the steps for the same held-out loss.
+"""
+from __future__ import annotations
+
+from t5like.config import Config, ModelConfig, paper_model
+
+PAPER_PRETRAIN_STEPS = 400_000
+PAPER_WARMUP_STEPS = 2_000
+PAPER_FINETUNE_STEPS = 190_000
+EMBEDDED_VOCAB_SIZE = 8192  # t5like/data/embedded/spm.model
+
+
+def _paper_mesh(cfg: Config) -> None:
+  cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, 1  # Pure FSDP (MaxText's default).
+
+
+def _checkpointing(cfg: Config, every: int) -> None:
+  cfg.checkpoint.every = every
+  cfg.checkpoint.keep = 3
+
+
+def paper_pretraining(family: str, size: str) -> Config:
+  cfg = Config()
+  cfg.model = paper_model(family, size)
+  cfg.model.dropout_rate = 0.0
+  cfg.model.dtype = "bfloat16"
+  cfg.model.remat_policy = "full" if size != "150m" else "none"
+  cfg.data.mixture = "redpajama_v1"
+  cfg.data.data_dir = ""  # Required: --config.data.data_dir=<RedPajama V1 root>.
+  cfg.data.objective = "auto"  # causal for DecLLM, mid-split prefix for RedLLM.
+  cfg.data.sequence_length = 2048
+  cfg.data.inputs_length = 1024
+  cfg.data.targets_length = 1024
+  cfg.data.prefix_split = "middle"
+  t = cfg.train
+  t.steps, t.batch_size = PAPER_PRETRAIN_STEPS, 2048
+  t.schedule, t.learning_rate, t.warmup_steps, t.final_lr_fraction = (
+      "warmup_cosine", 0.01, PAPER_WARMUP_STEPS, 0.1)
+  t.adafactor_decay_rate, t.clip_grad_norm, t.z_loss = 0.8, 1.0, 1e-4
+  t.log_every, t.eval_every, t.eval_steps = 100, 2000, 20
+  _paper_mesh(cfg)
+  _checkpointing(cfg, 2000)
+  return cfg  # Validated by load_config once data.data_dir is given.
+
+
+def paper_instruction_tuning(family: str, size: str, *, prefix: bool = False) -> Config:
+  cfg = Config()
+  cfg.model = paper_model(family, size)
+  cfg.model.decoder_attention = "prefix" if prefix else "causal"
+  cfg.model.dropout_rate = 0.05
+  cfg.model.dtype = "bfloat16"
+  cfg.model.remat_policy = "full" if size != "150m" else "none"
+  cfg.data.mixture = "flan"
+  cfg.data.data_dir = ""  # Required: --config.data.data_dir=<FLAN root> (validated on load).
+  cfg.data.objective = "inputs_targets"
+  cfg.data.inputs_length = 2048
+  cfg.data.targets_length = 512
+  cfg.data.sequence_length = 2048 + 512  # DecLLM: input and target in one sequence.
+  t = cfg.train
+  t.steps, t.batch_size = PAPER_FINETUNE_STEPS, 1024
+  t.schedule, t.learning_rate, t.warmup_steps = "constant", 1e-3, 0
+  t.adafactor_decay_rate, t.clip_grad_norm, t.z_loss = 0.8, 1.0, 0.0
+  t.log_every, t.eval_every, t.eval_steps = 100, 2000, 20
+  t.init_from = ""  # Set --config.train.init_from=<pretraining workdir> (parameters only).
+  _paper_mesh(cfg)
+  _checkpointing(cfg, 2000)
+  return cfg  # Validated by load_config once data.data_dir is given.
+
+
+def tiny_model(family: str, *, prefix: bool = False) -> ModelConfig:
+  """d_model 128: DecLLM 2 layers (0.53M non-embedding parameters), RedLLM 1 encoder + 1 decoder
+  layer (0.59M: fewer layers for a similar size, as in the paper's table); the 8192 x 128 tied
+  embedding (1.05M) dominates both."""
+  return ModelConfig(
+      family=family, vocab_size=EMBEDDED_VOCAB_SIZE, d_model=128, num_heads=4, head_dim=32,
+      d_ff=512, num_layers=2, num_encoder_layers=1, num_decoder_layers=1,
+      decoder_attention="prefix" if prefix else "causal", attn_out_norm=(family == "redllm"),
+      dtype="float32", param_dtype="float32", scan_layers=True, remat_policy="none",
+      dropout_rate=0.0).validate()
+
+
+def _tiny_loop(cfg: Config, steps: int) -> None:
+  t = cfg.train
+  t.steps, t.batch_size = steps, 8
+  t.log_every, t.eval_every, t.eval_steps, t.eval_batch_size = 25, max(steps // 2, 1), 8, 16
+  t.peak_flops_per_device = 0.0  # CPU lookup (ANCHORS.md measured peaks).
+  cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, 1
+  _checkpointing(cfg, max(steps // 4, 1))
+
+
+def tiny_pretraining(family: str, *, prefix: bool = False, steps: int = 500) -> Config:
+  """Tiny DecLLM / DecLLM prefix LM / RedLLM on the embedded RedPajama sample."""
+  cfg = Config()
+  cfg.model = tiny_model(family, prefix=prefix)
+  cfg.data.mixture = "embedded_redpajama"
+  cfg.data.objective = "auto"
+  cfg.data.sequence_length = 128
+  cfg.data.inputs_length = 64
+  cfg.data.targets_length = 64
+  _tiny_loop(cfg, steps)
+  t = cfg.train
+  # The paper's schedule shape scaled to `steps` (warmup 5% instead of 0.5%), peak 10x (above).
+  t.schedule, t.learning_rate = "warmup_cosine", 0.1
+  t.warmup_steps, t.final_lr_fraction = max(steps // 20, 1), 0.1
+  t.adafactor_decay_rate, t.clip_grad_norm, t.z_loss = 0.8, 1.0, 1e-4
+  return cfg.validate()
+
+
+def tiny_instruction_tuning(family: str, *, prefix: bool = False, steps: int = 200) -> Config:
+  """Tiny instruction tuning on the embedded FLAN sample (set train.init_from)."""
+  cfg = Config()
+  cfg.model = tiny_model(family, prefix=prefix)
+  cfg.model.dropout_rate = 0.05
+  cfg.data.mixture = "embedded_flan"
+  cfg.data.objective = "inputs_targets"
+  cfg.data.inputs_length = 96
+  cfg.data.targets_length = 32
+  cfg.data.sequence_length = 128
+  _tiny_loop(cfg, steps)
+  t = cfg.train
+  t.schedule, t.learning_rate, t.warmup_steps = "constant", 1e-2, 0  # 10x the paper (above).
+  t.adafactor_decay_rate, t.clip_grad_norm, t.z_loss = 0.8, 1.0, 0.0
+  t.init_from = ""  # --config.train.init_from=<tiny pretraining workdir>
+  return cfg.validate()

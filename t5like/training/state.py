@@ -1,0 +1,137 @@
+"""The train state and how it is built directly sharded over the mesh.
+
+``build_setup`` traces the model and optimizer abstractly (``nnx.eval_shape`` / ``jax.eval_shape``:
+shapes and logical axes, no memory), maps the logical axes to shardings with the one rule table
+(``t5like.partitioning``), and ``init_state`` runs the initialiser under ``jax.jit`` with those
+``out_shardings``: every device materialises only its own shards, no host ever holds the model.
+
+Parameters live in the state as a plain nested dict of arrays (``nnx.to_pure_dict``), so the
+optimizer, the checkpoint and the restore target all see ordinary pytrees; the model is
+re-assembled inside the step with ``nnx.merge(graphdef, params)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from t5like import partitioning
+from t5like.config import Config
+from t5like.models import build_model
+from t5like.training import optimizer as opt_lib
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 []: batches consumed (= optimizer steps taken or skipped).
+  params: Any  # Nested dict of parameter arrays (float32 by default).
+  opt_state: Any  # optax state (Adafactor statistics), sharded like the parameters.
+  skipped_steps: jax.Array  # int32 []: total steps skipped because of a non-finite loss/gradient.
+  consecutive_skipped: jax.Array  # int32 []: current run of consecutive skipped steps.
+
+
+@dataclasses.dataclass
+class TrainSetup:
+  """Everything static about a run: graph, optimizer, mesh and the sharded state layout."""
+
+  cfg: Config
+  mesh: Mesh
+  graphdef: Any  # nnx GraphDef of the model (structure, no arrays).
+  tx: optax.GradientTransformation  # Clipping + Adafactor (no learning rate: see optimizer.py).
+  schedule: optax.Schedule  # Learning rate as a function of TrainState.step.
+  param_axes: Any  # Nested dict of logical-axes tuples, parallel to params.
+  abstract_state: TrainState  # ShapeDtypeStructs carrying their NamedShardings.
+  state_shardings: TrainState  # NamedShardings (out_shardings of init, in/out of the step).
+  batch_sharding: NamedSharding  # [batch, length] arrays: rows over the data shards.
+  replicated: NamedSharding
+
+  @property
+  def num_params(self) -> int:
+    return sum(x.size for x in jax.tree.leaves(self.abstract_state.params))
+
+
+def _model_parts(cfg: Config):
+  """(graphdef, abstract params as pure dict, logical axes as pure dict) of ``cfg.model``."""
+  abs_model = nnx.eval_shape(lambda: build_model(cfg.model, nnx.Rngs(cfg.train.seed)))
+  graphdef, abs_params, rest = nnx.split(abs_model, nnx.Param, ...)
+  if jax.tree.leaves(rest):
+    raise ValueError(f"the model holds non-parameter state, which the trainer does not carry: "
+                     f"{jax.tree.map(lambda x: x.shape, rest)}")
+  axes = jax.tree.map(lambda v: tuple(v.get_metadata().get("out_sharding") or
+                                      (None,) * len(v.value.shape)),
+                      abs_params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return graphdef, nnx.to_pure_dict(abs_params), nnx.to_pure_dict(axes)
+
+
+def _init_fn(cfg: Config, tx: optax.GradientTransformation):
+  def init() -> TrainState:
+    model = build_model(cfg.model, nnx.Rngs(cfg.train.seed))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    zero = jnp.zeros((), jnp.int32)
+    return TrainState(step=zero, params=params, opt_state=tx.init(params), skipped_steps=zero,
+                      consecutive_skipped=zero)
+  return init
+
+
+def build_setup(cfg: Config, mesh: Mesh) -> TrainSetup:
+  """Abstract, sharded layout of the train state for ``cfg`` on ``mesh`` (allocates nothing)."""
+  tx = opt_lib.make_optimizer(cfg.train)
+  with partitioning.axis_rules():
+    graphdef, abs_params, param_axes = _model_parts(cfg)
+    abs_state = jax.eval_shape(_init_fn(cfg, tx))
+  opt_axes = opt_lib.optimizer_state_axes(abs_state.opt_state, abs_params, param_axes,
+                                          cfg.train.adafactor_min_dim_to_factor)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  shardings = TrainState(
+      step=replicated,
+      params=partitioning.tree_shardings(param_axes, abs_state.params, mesh),
+      opt_state=partitioning.tree_shardings(opt_axes, abs_state.opt_state, mesh),
+      skipped_steps=replicated,
+      consecutive_skipped=replicated)
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abs_state, shardings)
+  return TrainSetup(cfg=cfg, mesh=mesh, graphdef=graphdef, tx=tx,
+                    schedule=opt_lib.learning_rate_schedule(cfg.train), param_axes=param_axes,
+                    abstract_state=abstract, state_shardings=shardings,
+                    batch_sharding=partitioning.batch_sharding(mesh), replicated=replicated)
+
+
+def init_state(setup: TrainSetup) -> TrainState:
+  """Random initial state, created shard by shard on the devices (jit with out_shardings)."""
+  init = jax.jit(_init_fn(setup.cfg, setup.tx), out_shardings=setup.state_shardings)
+  with jax.set_mesh(setup.mesh), partitioning.axis_rules():
+    return init()
+
+
+def fresh_state_from_params(setup: TrainSetup, params: Any) -> TrainState:
+  """A step-0 state around given (sharded) parameters: fresh optimizer, no skipped steps."""
+  def make(p):
+    zero = jnp.zeros((), jnp.int32)
+    return TrainState(step=zero, params=p, opt_state=setup.tx.init(p), skipped_steps=zero,
+                      consecutive_skipped=zero)
+  fn = jax.jit(make, in_shardings=(setup.state_shardings.params,),
+               out_shardings=setup.state_shardings)
+  with jax.set_mesh(setup.mesh):
+    return fn(params)
+
+
+def all_finite(tree: Any) -> jax.Array:
+  """Scalar bool: every element of every floating array in ``tree`` is finite."""
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  if not leaves:
+    return jnp.array(True)
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def describe_shardings(setup: TrainSetup) -> dict[str, str]:
+  """'path': 'PartitionSpec' for every parameter (for logs and tests)."""
+  out = {}
+  for path, s in jax.tree_util.tree_flatten_with_path(setup.state_shardings.params)[0]:
+    out["/".join(str(getattr(k, "key", k)) for k in path)] = str(s.spec)
+  return out

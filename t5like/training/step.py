@@ -1,0 +1,158 @@
+"""The jitted train and eval steps.
+
+Train step: gradient accumulation over ``train.microbatches`` (a ``lax.scan``; the summed loss
+is normalised by the target tokens of the *whole* batch, so any microbatch count gives the same
+update up to float rounding), cross-entropy + z-loss, global-norm clipping and Adafactor
+(``optimizer.py``), learning rate from ``TrainState.step``, and a non-finite guard: when the loss
+or the gradient norm is NaN/Inf the update is not applied (parameters and optimizer state are
+kept), the step is counted as skipped and the consecutive-skip counter grows.
+
+Both steps are ``jax.jit`` with explicit in/out shardings; the train step donates its state.
+They are traced under the mesh and the logical-axis rules, so the models' activation
+constraints resolve against the rule table.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from t5like import partitioning
+from t5like.models import LossTerms, cross_entropy_with_z_loss
+from t5like.training.state import TrainSetup, TrainState, all_finite
+
+Batch = Mapping[str, jax.Array]
+
+
+class MeshFunction:
+  """A jitted function that is always traced and called under the mesh and the rule table."""
+
+  def __init__(self, fn: Callable, mesh):
+    self.fn = fn
+    self.mesh = mesh
+
+  def __call__(self, *args):
+    with jax.set_mesh(self.mesh), partitioning.axis_rules():
+      return self.fn(*args)
+
+  def lower(self, *args):
+    with jax.set_mesh(self.mesh), partitioning.axis_rules():
+      return self.fn.lower(*args)
+
+
+def loss_weights(batch: Batch) -> jax.Array:
+  w = batch.get("decoder_loss_weights")
+  if w is None:
+    return (batch["decoder_target_tokens"] > 0).astype(jnp.float32)
+  return w.astype(jnp.float32)
+
+
+def _loss_terms(setup: TrainSetup, params: Any, batch: Batch, dropout_rng, z_loss: float):
+  model = nnx.merge(setup.graphdef, params)
+  logits = model(batch, dropout_rng=dropout_rng)
+  return cross_entropy_with_z_loss(logits, batch["decoder_target_tokens"], loss_weights(batch),
+                                   z_loss)
+
+
+def split_microbatches(batch: Batch, num: int, mesh) -> Batch:
+  """[B, ...] -> [num, B/num, ...], microbatch m = rows m, m+num, ... (strided, so each
+  microbatch keeps an equal slice of every data shard and needs no communication)."""
+  spec = partitioning.logical_to_spec(("batch",))[0]
+
+  def split(x):
+    b = x.shape[0]
+    x = x.reshape((b // num, num) + x.shape[1:])
+    x = jnp.swapaxes(x, 0, 1)
+    return jax.lax.with_sharding_constraint(
+        x, NamedSharding(mesh, PartitionSpec(None, spec, *([None] * (x.ndim - 2)))))
+  return {k: split(v) for k, v in batch.items()}
+
+
+def make_train_step(setup: TrainSetup) -> MeshFunction:
+  """``step(state, batch) -> (state, metrics)``; metrics are replicated float32 scalars."""
+  cfg = setup.cfg
+  num_micro = cfg.train.microbatches
+  z_loss = cfg.train.z_loss
+  use_dropout = cfg.model.dropout_rate > 0
+
+  def grads_and_terms(params, batch, step):
+    total_weight = jnp.maximum(jnp.sum(loss_weights(batch)), 1.0)
+    base_rng = jax.random.fold_in(jax.random.key(cfg.train.seed), step) if use_dropout else None
+
+    def micro(params, mb, index):
+      rng = None if base_rng is None else jax.random.fold_in(base_rng, index)
+
+      def loss_fn(p):
+        terms = _loss_terms(setup, p, mb, rng, z_loss)
+        return terms.loss / total_weight, terms
+      (_, terms), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      return grads, terms
+
+    if num_micro == 1:
+      return micro(params, batch, 0)
+    mbs = split_microbatches(batch, num_micro, setup.mesh)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    zero_terms = LossTerms(*[jnp.zeros((), jnp.float32)] * len(LossTerms._fields))
+
+    def body(carry, xs):
+      acc_g, acc_t = carry
+      mb, index = xs
+      g, t = micro(params, mb, index)
+      return (jax.tree.map(jnp.add, acc_g, g), jax.tree.map(jnp.add, acc_t, t)), None
+    (grads, terms), _ = jax.lax.scan(body, (zeros, zero_terms), (mbs, jnp.arange(num_micro)))
+    return grads, terms
+
+  def step_fn(state: TrainState, batch: Batch):
+    grads, terms = grads_and_terms(state.params, batch, state.step)
+    grad_norm = optax.tree.norm(grads)
+    lr = jnp.asarray(setup.schedule(state.step), jnp.float32)
+    updates, new_opt = setup.tx.update(grads, state.opt_state, state.params)
+    new_params = jax.tree.map(lambda p, u: p + (lr * u).astype(p.dtype), state.params, updates)
+    # Finite loss and gradient, and (cheap insurance) finite new parameters.
+    finite = jnp.isfinite(terms.loss) & jnp.isfinite(grad_norm) & all_finite(new_params)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa
+    skipped = jnp.logical_not(finite).astype(jnp.int32)
+    new_state = TrainState(
+        step=state.step + 1,
+        params=keep(new_params, state.params),
+        opt_state=keep(new_opt, state.opt_state),
+        skipped_steps=state.skipped_steps + skipped,
+        consecutive_skipped=jnp.where(finite, 0, state.consecutive_skipped + 1))
+    weight = jnp.maximum(terms.weight, 1.0)
+    metrics = {
+        "loss": terms.loss / weight,
+        "cross_entropy": terms.cross_entropy / weight,
+        "z_loss": terms.z_loss / weight,
+        "accuracy": terms.correct / weight,
+        "target_tokens": terms.weight,
+        "grad_norm": grad_norm,
+        "learning_rate": lr,
+        "finite": finite.astype(jnp.float32),
+        "skipped_steps": new_state.skipped_steps.astype(jnp.float32),
+        "consecutive_skipped": new_state.consecutive_skipped.astype(jnp.float32),
+    }
+    return new_state, metrics
+
+  fn = jax.jit(step_fn,
+               in_shardings=(setup.state_shardings, setup.batch_sharding),
+               out_shardings=(setup.state_shardings, setup.replicated),
+               donate_argnums=(0,))
+  return MeshFunction(fn, setup.mesh)
+
+
+def make_eval_step(setup: TrainSetup) -> MeshFunction:
+  """``eval(params, batch) -> dict`` of weighted sums (no dropout): loss, cross_entropy, z_loss,
+  correct, weight. Sum them over batches and divide by ``weight`` for per-token values."""
+  z_loss = setup.cfg.train.z_loss
+
+  def eval_fn(params, batch):
+    terms = _loss_terms(setup, params, batch, None, z_loss)
+    return terms._asdict()
+
+  fn = jax.jit(eval_fn, in_shardings=(setup.state_shardings.params, setup.batch_sharding),
+               out_shardings=setup.replicated)
+  return MeshFunction(fn, setup.mesh)

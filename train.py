@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""Train a DecLLM or RedLLM.
+
+  python train.py --config configs/<name>.py --workdir DIR [--config.key=value ...]
+
+With no arguments: the tiny DecLLM on the embedded data (configs/tiny_decllm.py) in
+runs/tiny_decllm, a few minutes on 2 CPU cores. Running the same command again resumes
+from the newest checkpoint in the workdir. Overrides use dotted keys, e.g.
+``--config.train.steps=100 --config.mesh.fsdp=4 --config.train.init_from=/tmp/run``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_CONFIG = os.path.join(HERE, "configs", "tiny_decllm.py")
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--config", default=DEFAULT_CONFIG,
+                      help="config file defining get_config() (default: configs/tiny_decllm.py)")
+  parser.add_argument("--workdir", default="",
+                      help="checkpoints, metrics and logs go here (default: runs/<config name>)")
+  parser.add_argument("--print_config", action="store_true",
+                      help="print the resolved config as JSON and exit")
+  args, rest = parser.parse_known_args(argv)
+  overrides, i = [], 0
+  while i < len(rest):
+    item = rest[i]
+    if not item.startswith("--config."):
+      parser.error(f"unrecognised argument {item!r}; overrides look like --config.train.steps=10")
+    item = item[len("--config."):]
+    if "=" not in item:  # "--config.key value"
+      if i + 1 >= len(rest):
+        parser.error(f"--config.{item} needs a value")
+      item, i = f"{item}={rest[i + 1]}", i + 1
+    overrides.append(item)
+    i += 1
+  return args, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+  args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  from t5like.config import ConfigError, load_config, to_json
+  try:
+    cfg = load_config(args.config, overrides)
+  except ConfigError as e:
+    print(f"config error: {e}", file=sys.stderr)
+    return 2
+  if args.print_config:
+    print(to_json(cfg))
+    return 0
+  name = os.path.splitext(os.path.basename(args.config))[0]
+  workdir = args.workdir or os.path.join("runs", name)
+  from t5like.training import run
+  try:
+    result = run(cfg, workdir)
+  except ConfigError as e:
+    print(f"config error: {e}", file=sys.stderr)
+    return 2
+  summary = {k: result.get(k) for k in (
+      "step", "loss", "eval_loss", "eval_accuracy", "tokens_per_sec", "mfu", "preempted")}
+  print(json.dumps(summary, indent=2, default=str))
+  print(f"workdir:     {result['workdir']}")
+  print(f"checkpoint:  {result['checkpoint_dir']}/{result['latest_checkpoint']}")
+  print(f"metrics:     {result['metrics_file']}")
+  print(f"tensorboard: tensorboard --logdir {result['tensorboard_dir']}")
+  print(f"log:         {os.path.join(result['workdir'], 'train.log')}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,1 @@
+"""Evaluation: held-out loss / perplexity / token accuracy of a checkpoint, per task."""

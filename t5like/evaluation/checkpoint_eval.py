@@ -1,0 +1,133 @@
+"""Evaluate a saved checkpoint: held-out loss, perplexity and accuracy per task (``eval.py``).
+
+The checkpoint's own resolved config rebuilds the model; the mesh defaults to pure FSDP over the
+devices at hand (a run trained on a pod evaluates on one host), and any key can be overridden.
+Results go to ``<workdir>/eval/step_<N>.json`` and are printed as a table.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Iterable, Sequence
+
+import jax
+
+from t5like import partitioning
+from t5like.config import Config, ConfigError, apply_dict, apply_overrides
+from t5like.evaluation.perplexity import held_out_metrics, pad_rows
+
+
+def load_checkpoint_config(step_dir: str, overrides: Iterable[str] = ()) -> Config:
+  """The resolved config stored with a checkpoint, with ``overrides`` applied, validated."""
+  from t5like.training import checkpointing
+  saved = checkpointing.read_step_config(step_dir)
+  if saved is None:
+    raise ConfigError(f"{step_dir} has no stored config (expected {step_dir}/config/metadata)")
+  cfg = apply_dict(Config(), saved)
+  cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, 1  # Whatever devices evaluate it.
+  apply_overrides(cfg, overrides)
+  return cfg.validate()
+
+
+def find_step_dir(path: str, step: int | None = None) -> str:
+  """A workdir / checkpoints dir / step dir (and optionally a step) -> that step's directory."""
+  from t5like.training import checkpointing
+  if step is not None:
+    for root in (os.path.join(path, "checkpoints"), path):
+      cand = os.path.join(root, str(step))
+      if os.path.isdir(os.path.join(cand, checkpointing.STATE)):
+        return cand
+    raise FileNotFoundError(f"no checkpoint for step {step} under {path} "
+                            f"(expected {path}/checkpoints/{step}/state)")
+  try:
+    return checkpointing.resolve_step_dir(path)
+  except FileNotFoundError:
+    raise FileNotFoundError(
+        f"no checkpoint found under {path!r}; expected <workdir>/checkpoints/<step>/state "
+        "as written by train.py") from None
+
+
+def child_names(mixture: str) -> list[str]:
+  """The direct parts of a registered mixture (subsets / sub-mixtures), for a per-task report."""
+  from t5like.data import tasks
+  prefix = mixture + "."
+  return sorted(n for n in tasks.list_names(include_seqio=False)
+                if n.startswith(prefix) and "." not in n[len(prefix):])
+
+
+def evaluate_checkpoint(path: str, *, step: int | None = None, overrides: Sequence[str] = (),
+                        mixtures: Sequence[str] = (), per_task: bool = True,
+                        max_batches: int = 0, write: bool = True) -> dict[str, Any]:
+  """Restores the parameters of a checkpoint and scores its held-out split(s).
+
+  Args:
+    path: a workdir, its ``checkpoints/`` directory or one ``<step>`` directory.
+    step: a specific step (default: the newest).
+    overrides: dotted config overrides applied to the stored config (e.g. data settings).
+    mixtures: what to score (default: ``data.eval_mixture`` or ``data.mixture``).
+    per_task: also score each direct part of every mixture.
+    max_batches: stop each score after this many batches (0: the whole validation split).
+    write: write ``<workdir>/eval/step_<N>.json``.
+  """
+  from t5like.data import pipeline
+  from t5like.training import checkpointing, state as state_lib, step as step_lib
+  from t5like.training.data import global_batch
+
+  t0 = time.time()
+  step_dir = find_step_dir(path, step)
+  cfg = load_checkpoint_config(step_dir, overrides)
+  mesh = partitioning.make_mesh(cfg.mesh)
+  setup = state_lib.build_setup(cfg, mesh)
+  params = checkpointing.restore_params(step_dir, setup.abstract_state.params)
+  eval_step = step_lib.make_eval_step(setup)
+  pid, nproc = jax.process_index(), jax.process_count()
+  rows = cfg.train.eval_batch_size or cfg.train.batch_size
+  if rows % nproc:
+    raise ConfigError(f"eval batch {rows} rows is not divisible by {nproc} processes")
+  local_rows = rows // nproc
+  names = list(mixtures) or [cfg.data.eval_mixture or cfg.data.mixture]
+  results: dict[str, dict[str, float]] = {}
+  for name in names:
+    todo = [name]
+    if per_task:
+      pipeline.resolve_mixture(cfg, name)  # Registers it, so its parts are known.
+      todo += child_names(name)
+    for task in todo:
+      it = pipeline.make_iterator(cfg, split="validation", batch_size=local_rows,
+                                  shard_index=pid, num_shards=nproc, shuffle=False,
+                                  repeat=False, mixture=task)
+      to_global = lambda b: global_batch(pad_rows(b, local_rows), setup.batch_sharding, rows)
+      try:
+        results[task] = held_out_metrics(eval_step, params, it, to_global, max_batches)
+      finally:
+        if hasattr(it, "close"):
+          it.close()
+  step_num = int(os.path.basename(step_dir))
+  report = {"checkpoint": step_dir, "step": step_num, "family": cfg.model.family,
+            "decoder_attention": cfg.model.decoder_attention,
+            "objective": pipeline.resolve_objective(cfg, names[0]),
+            "num_params": setup.num_params, "results": results,
+            "seconds": round(time.time() - t0, 1)}
+  if write and pid == 0:
+    workdir = os.path.dirname(os.path.dirname(step_dir))
+    out_dir = os.path.join(workdir, "eval")
+    os.makedirs(out_dir, exist_ok=True)
+    report["file"] = os.path.join(out_dir, f"step_{step_num}.json")
+    with open(report["file"], "w") as f:
+      json.dump(report, f, indent=2, sort_keys=True)
+  return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+  """A plain-text table of one ``evaluate_checkpoint`` result."""
+  lines = [f"{report['family']} ({report['num_params'] / 1e6:.2f}M params), step "
+           f"{report['step']}, objective {report['objective']}: {report['checkpoint']}",
+           f"{'task':<40} {'tokens':>9} {'loss':>8} {'ppl':>9} {'acc':>7}"]
+  for task, m in report["results"].items():
+    if not m:
+      lines.append(f"{task:<40} {'(empty validation split)':>35}")
+      continue
+    lines.append(f"{task:<40} {int(m['eval_tokens']):>9} {m['eval_loss']:>8.4f} "
+                 f"{m['eval_perplexity']:>9.2f} {m['eval_accuracy']:>7.3f}")
+  return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""eval.py's core: restore a train.py checkpoint and score held-out data per task."""
+import json
+import os
+
+import pytest
+
+from t5like.config import load_config
+from t5like.evaluation.checkpoint_eval import evaluate_checkpoint, format_report
+from t5like.training import run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL = ["model.d_model=32", "model.num_heads=2", "model.head_dim=16", "model.d_ff=64",
+         "model.num_layers=1", "train.steps=3", "train.batch_size=4", "train.eval_steps=2",
+         "train.eval_batch_size=4", "train.log_every=1", "train.progress_bar=false",
+         "checkpoint.every=0"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  out = {}
+  for family in ("decllm", "redllm"):
+    cfg = load_config(os.path.join(ROOT, "configs", f"tiny_{family}.py"), SMALL)
+    workdir = str(tmp_path_factory.mktemp(family))
+    out[family] = (workdir, run(cfg, workdir))
+  return out
+
+
+@pytest.mark.parametrize("family", ["decllm", "redllm"])
+def test_restored_checkpoint_reproduces_the_trainers_eval(runs, family):
+  workdir, trained = runs[family]
+  report = evaluate_checkpoint(workdir, max_batches=2, per_task=False)
+  assert report["step"] == 3 and report["family"] == family
+  (metrics,) = report["results"].values()
+  # Same parameters, same held-out batches: the trainer's final eval loss, to float precision.
+  assert metrics["eval_loss"] == pytest.approx(trained["eval_loss"], rel=1e-5)
+  assert metrics["eval_batches"] == 2
+  with open(report["file"]) as f:
+    assert json.load(f)["results"] == json.loads(json.dumps(report["results"]))
+
+
+def test_per_task_breakdown_and_table(runs):
+  workdir, _ = runs["redllm"]
+  report = evaluate_checkpoint(workdir, max_batches=1, write=False)
+  assert set(report["results"]) == {"embedded_redpajama", "embedded_redpajama.book",
+                                    "embedded_redpajama.c4", "embedded_redpajama.wikipedia"}
+  table = format_report(report)
+  assert "embedded_redpajama.c4" in table and "ppl" in table
+
+
+def test_decllm_scored_on_the_same_target_tokens_as_redllm(runs):
+  """With data.objective=prefix, a causal DecLLM is scored on exactly RedLLM's target halves."""
+  kw = dict(mixtures=["embedded_redpajama.c4"], per_task=False, write=False)
+  red = evaluate_checkpoint(runs["redllm"][0], **kw)["results"]["embedded_redpajama.c4"]
+  dec = evaluate_checkpoint(runs["decllm"][0], overrides=["data.objective=prefix"],
+                            **kw)["results"]["embedded_redpajama.c4"]
+  dec_all = evaluate_checkpoint(runs["decllm"][0], **kw)["results"]["embedded_redpajama.c4"]
+  assert dec["eval_tokens"] == red["eval_tokens"] > 0
+  assert dec_all["eval_tokens"] > 1.5 * dec["eval_tokens"]  # All tokens vs the target halves.
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+  with pytest.raises(FileNotFoundError, match="expected <workdir>/checkpoints/<step>/state"):
+    evaluate_checkpoint(str(tmp_path))
+  import subprocess, sys  # noqa: E401
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--workdir",
+                         str(tmp_path / "nope")], capture_output=True, text=True)
+  assert proc.returncode == 2 and "eval error" in proc.stderr

@@ -21,10 +21,10 @@ import time
 from typing import Any, Callable
 
 import jax
-import numpy as np
 
 from t5like import partitioning
 from t5like.config import Config, ConfigError, to_dict
+from t5like.evaluation.perplexity import held_out_metrics, pad_rows
 from t5like.training import checkpointing, distributed
 from t5like.training import data as data_lib
 from t5like.training import flops as flops_lib
@@ -91,15 +91,6 @@ def check_batch_layout(cfg: Config, mesh) -> None:
     raise ConfigError(
         f"train.eval_batch_size={eb} must be divisible by the data shards ({where}) and by the "
         f"{procs} processes")
-
-
-def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-  """A short final eval batch padded with all-zero rows (segment 0, loss weight 0)."""
-  n = next(iter(batch.values())).shape[0]
-  if n == rows:
-    return batch
-  return {k: np.concatenate([v, np.zeros((rows - n,) + v.shape[1:], v.dtype)]) for k, v in
-          batch.items()}
 
 
 def _open_train_data(cfg: Config, data, rows: int, pid: int, nproc: int):
@@ -256,25 +247,12 @@ def _train(cfg: Config, workdir: str, data, step_hook, setup, ckpt, ckpt_dir: st
     it = data.eval(eval_rows // nproc, pid, nproc)
     if it is None:
       return {}
-    sums, n = None, 0
-    for _ in range(cfg.train.eval_steps):
-      try:
-        local = next(it)
-      except StopIteration:
-        break
-      batch = data_lib.global_batch(_pad_rows(local, eval_rows // nproc), setup.batch_sharding,
-                                    eval_rows)
-      out = eval_step(params, batch)
-      sums = out if sums is None else jax.tree.map(lambda a, b: a + b, sums, out)
-      n += 1
-    _close(it)
-    if sums is None:
-      return {}
-    sums = {k: float(v) for k, v in jax.device_get(sums).items()}
-    w = max(sums["weight"], 1.0)
-    return {"eval_loss": sums["cross_entropy"] / w, "eval_loss_with_z": sums["loss"] / w,
-            "eval_accuracy": sums["correct"] / w, "eval_tokens": sums["weight"],
-            "eval_batches": n}
+    to_global = lambda b: data_lib.global_batch(  # noqa: E731
+        pad_rows(b, eval_rows // nproc), setup.batch_sharding, eval_rows)
+    try:
+      return held_out_metrics(eval_step, params, it, to_global, cfg.train.eval_steps)
+    finally:
+      _close(it)
 
   def save(step: int) -> None:
     if step in ckpt.all_steps():

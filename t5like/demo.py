@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{family:<8} {same['num_params'] / 1e6:>7.2f}M {same['step']:>6} {secs:>8.0f} "
           f"{tm.get('loss', float('nan')):>10.4f} {m['eval_loss']:>13.4f} "
           f"{m['eval_perplexity']:>8.1f} {m['eval_accuracy']:>6.3f} {extra:>14}")
-  print("\nLosses are nats per target token. Reports: <workdir>/eval/step_<N>.json; training "
+  print("\nRedLLM learns from half the target tokens per step (the encoder half carries no loss), "
+        "as in the paper's pretraining.")
+  print("Losses are nats per target token. Reports: <workdir>/eval/step_<N>.json; training "
         "metrics: <workdir>/metrics.jsonl and TensorBoard events in <workdir>/tensorboard.")
   return 0
 

@@ -48,10 +48,12 @@ class Attention(nnx.Module):
       else:
         self.out_norm = RMSNorm((h, k), ("heads", "kv"), **norm)
 
-  def __call__(self, x_q_btd: jax.Array, x_kv_bsd: jax.Array, q_pos_bt: jax.Array,
-               kv_pos_bs: jax.Array, mask_bhts: jax.Array, *,
-               rng: jax.Array | None = None) -> jax.Array:
-    """Attends from ``x_q`` [batch, t, d] to ``x_kv`` [batch, s, d]; returns [batch, t, d]."""
+  def project_qkv(self, x_q_btd: jax.Array, x_kv_bsd: jax.Array, q_pos_bt: jax.Array,
+                  kv_pos_bs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Normed, rotated q [batch, t, heads, kv], k and v [batch, s, kv_heads, kv].
+
+    A KV cache stores the k, v of this step; ``attend`` and ``project_out`` finish the layer.
+    """
     cfg = self.cfg
     dt = dtype(cfg.dtype)
     xq, xkv = x_q_btd.astype(dt), x_kv_bsd.astype(dt)
@@ -66,21 +68,44 @@ class Attention(nnx.Module):
     q_bthk = constrain(q_bthk, ("batch", "length", "heads", "kv"))
     k_bsgk = constrain(k_bsgk, ("batch", "length", "heads", "kv"))
     v_bsgk = constrain(v_bsgk, ("batch", "length", "heads", "kv"))
+    return q_bthk, k_bsgk, v_bsgk
 
-    b, t, h, k = q_bthk.shape
-    g = k_bsgk.shape[2]
-    q_btgrk = q_bthk.reshape(b, t, g, h // g, k) * jnp.asarray(k ** -0.5, dt)
-    scores_bgrts = jnp.einsum("btgrk,bsgk->bgrts", q_btgrk, k_bsgk,
-                              preferred_element_type=jnp.float32)
-    scores_bhts = scores_bgrts.reshape(b, h, t, -1)
-    scores_bhts = jnp.where(mask_bhts, scores_bhts, _NEG)
-    # Zeroing masked probabilities makes fully-masked (padding) rows attend to nothing at all.
-    probs_bhts = jnp.where(mask_bhts, jax.nn.softmax(scores_bhts, axis=-1), 0.0).astype(dt)
-    probs_bhts = dropout(probs_bhts, cfg.dropout_rate, fold(rng, 0))
-    probs_bgrts = probs_bhts.reshape(b, g, h // g, t, -1)
-    out_bthk = jnp.einsum("bgrts,bsgk->btgrk", probs_bgrts, v_bsgk).reshape(b, t, h, k)
+  def project_out(self, out_bthk: jax.Array) -> jax.Array:
+    """Attention-output norm (RedLLM) and output projection: [b, t, h, k] -> [b, t, d]."""
+    cfg = self.cfg
     if cfg.attn_out_norm:
       out_bthk = self.out_norm(out_bthk)
     out_bthk = checkpoint_name(constrain(out_bthk, ("batch", "length", "heads", "kv")),
                                "attention_out")
-    return jnp.einsum("bthk,hkd->btd", out_bthk, self.wo[...].astype(dt))
+    return jnp.einsum("bthk,hkd->btd", out_bthk, self.wo[...].astype(dtype(cfg.dtype)))
+
+  def __call__(self, x_q_btd: jax.Array, x_kv_bsd: jax.Array, q_pos_bt: jax.Array,
+               kv_pos_bs: jax.Array, mask_bhts: jax.Array, *,
+               rng: jax.Array | None = None) -> jax.Array:
+    """Attends from ``x_q`` [batch, t, d] to ``x_kv`` [batch, s, d]; returns [batch, t, d]."""
+    q_bthk, k_bsgk, v_bsgk = self.project_qkv(x_q_btd, x_kv_bsd, q_pos_bt, kv_pos_bs)
+    out_bthk = dot_product_attention(q_bthk, k_bsgk, v_bsgk, mask_bhts,
+                                     dropout_rate=self.cfg.dropout_rate, rng=fold(rng, 0))
+    return self.project_out(out_bthk)
+
+
+def dot_product_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
+                          mask_bhts: jax.Array, *, dropout_rate: float = 0.0,
+                          rng: jax.Array | None = None) -> jax.Array:
+  """softmax(q k^T / sqrt(d_h)) v with grouped kv heads; returns [batch, t, heads, kv].
+
+  ``mask_bhts`` is bool [batch, heads|1, t, s]; a fully-masked query row gives zeros.
+  """
+  dt = q_bthk.dtype
+  b, t, h, k = q_bthk.shape
+  g = k_bsgk.shape[2]
+  q_btgrk = q_bthk.reshape(b, t, g, h // g, k) * jnp.asarray(k ** -0.5, dt)
+  scores_bgrts = jnp.einsum("btgrk,bsgk->bgrts", q_btgrk, k_bsgk,
+                            preferred_element_type=jnp.float32)
+  scores_bhts = scores_bgrts.reshape(b, h, t, -1)
+  scores_bhts = jnp.where(mask_bhts, scores_bhts, _NEG)
+  # Zeroing masked probabilities makes fully-masked (padding) rows attend to nothing at all.
+  probs_bhts = jnp.where(mask_bhts, jax.nn.softmax(scores_bhts, axis=-1), 0.0).astype(dt)
+  probs_bhts = dropout(probs_bhts, dropout_rate, rng)
+  probs_bgrts = probs_bhts.reshape(b, g, h // g, t, -1)
+  return jnp.einsum("bgrts,bsgk->btgrk", probs_bgrts, v_bsgk).reshape(b, t, h, k)

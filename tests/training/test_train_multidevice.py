@@ -17,6 +17,7 @@ import pytest
 from t5like import partitioning
 from t5like.config import Config, apply_dict
 from t5like.training import checkpointing, state as state_lib
+from numerics import FLOAT32_REORDER_REL, assert_close_to_scale
 from train_helpers import run_script
 
 SCRIPT = r"""
@@ -59,6 +60,8 @@ for family in ("decllm", "redllm"):
       "grad_norm": [float(m1["grad_norm"]), float(m8["grad_norm"])],
       "max_param_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(p1, p8)),
       "max_init_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(init1, init8)),
+      "max_param_diff_rel": max(float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+                                for a, b in zip(p1, p8)),
       "max_param_change": max(float(np.max(np.abs(a - b))) for a, b in zip(p1, init1))}
   if family == "redllm":
     flat = jax.tree_util.tree_flatten_with_path(s8)[0]
@@ -111,11 +114,13 @@ def report(tmp_path_factory):
 @pytest.mark.parametrize("family", ["decllm", "redllm"])
 def test_sharded_step_equals_single_device_step(report, family):
   r = report[0]["steps"][family]
-  np.testing.assert_allclose(r["loss"][0], r["loss"][1], rtol=1e-5)
-  np.testing.assert_allclose(r["grad_norm"][0], r["grad_norm"][1], rtol=1e-4)
+  # Sharded reductions sum in another order: compare to each quantity's scale (tests/numerics.py).
+  assert_close_to_scale(r["loss"][1], r["loss"][0])
+  assert_close_to_scale(r["grad_norm"][1], r["grad_norm"][0])
   assert r["max_init_diff"] == 0.0  # Same initialisation, built sharded or not.
   assert r["max_param_change"] > 1e-4  # The steps did move the parameters...
-  assert r["max_param_diff"] < 1e-5  # ...identically on 1 and on 8 devices.
+  # ...identically on 1 and on 8 devices, each leaf to within 1e-4 of its own largest value.
+  assert r["max_param_diff_rel"] <= FLOAT32_REORDER_REL
 
 
 def test_state_is_sharded_as_the_rule_table_says(report):

@@ -1,0 +1,101 @@
+"""Run the paper's claims as experiments: ``python -m t5like.experiments NAME ... --output_dir D``.
+
+  python -m t5like.experiments scaling --output_dir runs/exp/scaling --quick
+  python -m t5like.experiments all --output_dir runs/exp            # each under runs/exp/<name>
+  python -m t5like.experiments scaling --scale paper --workdir_root gs://bucket/exp   # commands
+
+Experiments are ``configs/experiments/<name>.py``. Re-running skips finished runs; the report
+(``report.md``, ``results.json``, PNGs) is rewritten from all results each time.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import shlex
+import sys
+
+from t5like.experiments.runner import REPO, run_experiment
+
+EXPERIMENTS_DIR = os.path.join(REPO, "configs", "experiments")
+
+
+def available() -> list[str]:
+  return sorted(f[:-3] for f in os.listdir(EXPERIMENTS_DIR)
+                if f.endswith(".py") and not f.startswith("_"))
+
+
+def load_experiment(name: str, budget: str):
+  path = os.path.join(EXPERIMENTS_DIR, f"{name}.py")
+  if not os.path.exists(path):
+    raise SystemExit(f"unknown experiment {name!r}; available: {', '.join(available())} "
+                     f"(files in {EXPERIMENTS_DIR})")
+  spec = importlib.util.spec_from_file_location(f"t5like_experiment_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)  # type: ignore[union-attr]
+  return module.get_experiment(budget)
+
+
+def paper_commands(spec, workdir_root: str, data_dir: str) -> list[str]:
+  """train.py / eval.py command lines of the experiment at paper scale."""
+  lines = []
+  for run in spec.paper_runs:
+    workdir = f"{workdir_root.rstrip('/')}/{spec.name}/{run.name}"
+    train = ["python", "train.py", "--config", f"configs/{run.config}", "--workdir", workdir]
+    train += [f"--config.{o.format(data_dir=data_dir)}" for o in run.overrides]
+    if run.init_from_run:
+      train.append(f"--config.train.init_from={workdir_root.rstrip('/')}/{spec.name}/"
+                   f"{run.init_from_run}")
+    evaluate = ["python", "eval.py", "--workdir", workdir]
+    evaluate += [f"--config.{o}" for o in run.eval_overrides]
+    lines += [shlex.join(train), shlex.join(evaluate)]
+  return lines
+
+
+def run_one(name: str, budget: str, output_dir: str) -> int:
+  from t5like.experiments.report import write_report
+  spec = load_experiment(name, budget)
+  print(f"=== experiment {name} ({budget}): {len(spec.runs)} runs in {output_dir} ===",
+        flush=True)
+  results = run_experiment(spec, output_dir,
+                           on_run=lambda run, what: print(f"  {run}: {what}", flush=True))
+  analysis = importlib.import_module(f"t5like.experiments.{spec.analysis}").analyse(
+      spec, results, output_dir)
+  paths = write_report(spec, results, analysis, output_dir)
+  for v in analysis.verdicts:
+    print(f"  [{v.verdict:>12}] {v.claim}: {v.evidence}")
+  print(f"  report: {paths['report']}")
+  return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("names", nargs="+", help=f"experiments ({', '.join(available())}) or all")
+  parser.add_argument("--output_dir", default=os.path.join("runs", "exp"),
+                      help="where runs and reports go (several experiments: <dir>/<name>)")
+  parser.add_argument("--quick", action="store_true", help="the quick budget (plumbing check)")
+  parser.add_argument("--scale", choices=("laptop", "paper"), default="laptop",
+                      help="paper: print the pod commands of the same experiment and exit")
+  parser.add_argument("--workdir_root", default="gs://YOUR_BUCKET/t5like-experiments",
+                      help="--scale paper: where the pod runs write")
+  parser.add_argument("--data_dir", default="gs://YOUR_BUCKET/redpajama_v1",
+                      help="--scale paper: the corpus root the pod runs read")
+  args = parser.parse_args(argv)
+  names = available() if args.names == ["all"] else args.names
+  budget = "quick" if args.quick else "full"
+  if args.scale == "paper":
+    for name in names:
+      print(f"# {name}")
+      print("\n".join(paper_commands(load_experiment(name, budget), args.workdir_root,
+                                     args.data_dir)))
+    return 0
+  for name in names:
+    out = args.output_dir if len(names) == 1 else os.path.join(args.output_dir, name)
+    run_one(name, budget, out)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

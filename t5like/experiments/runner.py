@@ -1,0 +1,104 @@
+"""Runs an experiment's training runs and scores them, skipping runs that already finished.
+
+Each run trains in ``<output_dir>/runs/<name>`` with train.py's own loop (so an interrupted run
+resumes from its last checkpoint) and is then scored on held-out data with eval.py's scoring.
+A finished run leaves ``result.json`` holding the run's digest: re-running the experiment skips
+it, and a changed spec (other size, steps, seed, ...) retrains it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Callable
+
+from etils import epath
+
+from t5like.experiments.spec import ExperimentSpec, RunSpec
+
+log = logging.getLogger(__name__)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = os.path.join(REPO, "configs")
+RESULT = "result.json"
+
+
+def run_config(run: RunSpec, workdirs: dict[str, str]):
+  """The resolved config of a run (its file, its overrides, and init_from for finetuning)."""
+  from t5like.config import load_config
+  overrides = list(run.overrides)
+  if run.init_from_run:
+    overrides.append(f"train.init_from={workdirs[run.init_from_run]}")
+  return load_config(os.path.join(CONFIGS, run.config), overrides)
+
+
+def sequence_lengths(cfg) -> tuple[int, int]:
+  """(decoder_length, encoder_length) of the training batches (encoder 0 for DecLLM)."""
+  if cfg.model.family == "redllm":
+    return cfg.data.targets_length, cfg.data.inputs_length
+  return cfg.data.sequence_length, 0
+
+
+def measure(cfg, train_metrics: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+  """The numbers every analysis may use, from a finished run and its held-out report."""
+  from t5like.models.param_count import analytic_param_count
+  from t5like.training import flops
+  dec_len, enc_len = sequence_lengths(cfg)
+  steps, batch = cfg.train.steps, cfg.train.batch_size
+  params = analytic_param_count(cfg.model)
+  (scores,) = report["results"].values()
+  return {
+      "family": cfg.model.family,
+      "params": params,
+      "non_embedding_params": params - cfg.model.vocab_size * cfg.model.d_model,
+      "train_flops": flops.train_flops(cfg.model, batch, dec_len, enc_len) * steps,
+      "train_tokens": steps * batch * (dec_len + enc_len),
+      "inference_flops_per_sequence": flops.forward_flops(cfg.model, 1, dec_len, enc_len),
+      "steps": steps,
+      "train_loss": train_metrics.get("loss"),
+      "eval_loss": scores.get("eval_loss"),
+      "eval_accuracy": scores.get("eval_accuracy"),
+      "eval_tokens": scores.get("eval_tokens"),
+      "objective": report.get("objective"),
+  }
+
+
+def run_experiment(spec: ExperimentSpec, output_dir: str, *,
+                   on_run: Callable[[str, str], None] | None = None) -> dict[str, dict[str, Any]]:
+  """Trains and scores every run of ``spec`` not finished yet; returns results by run name."""
+  from t5like.evaluation.checkpoint_eval import evaluate_checkpoint
+  from t5like.training import run as train
+
+  spec.validate()
+  root = epath.Path(output_dir) / "runs"
+  root.mkdir(parents=True, exist_ok=True)
+  workdirs = {r.name: str(root / r.name) for r in spec.runs}
+  results: dict[str, dict[str, Any]] = {}
+  for i, run in enumerate(spec.runs):
+    done = epath.Path(workdirs[run.name]) / RESULT
+    if done.exists():
+      prev = json.loads(done.read_text())
+      if prev.get("digest") == run.digest():
+        results[run.name] = prev
+        _notify(on_run, run.name, "skipped (finished earlier)")
+        continue
+      log.warning("run %s changed since it finished; training it again", run.name)
+    _notify(on_run, run.name, f"training ({i + 1}/{len(spec.runs)})")
+    cfg = run_config(run, workdirs)
+    t0 = time.time()
+    train_metrics = train(cfg, workdirs[run.name])
+    train_s = time.time() - t0
+    report = evaluate_checkpoint(workdirs[run.name], overrides=run.eval_overrides,
+                                 per_task=False, max_batches=spec.eval_batches, write=False)
+    result = {"name": run.name, "digest": run.digest(), "tags": dict(run.tags),
+              "workdir": workdirs[run.name], "train_seconds": round(train_s, 1),
+              **measure(cfg, train_metrics, report)}
+    done.write_text(json.dumps(result, indent=2, sort_keys=True, default=str))
+    results[run.name] = result
+  return results
+
+
+def _notify(on_run, name: str, what: str) -> None:
+  if on_run is not None:
+    on_run(name, what)
+  log.info("run %s: %s", name, what)

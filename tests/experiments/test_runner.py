@@ -1,0 +1,66 @@
+"""The experiment runner trains and scores each run once: re-running skips finished runs, and a
+changed run is trained again. The --quick CLI path end to end is a slow test."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from t5like.experiments.runner import run_experiment
+from t5like.experiments.spec import ExperimentSpec, RunSpec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MICRO = ("model.d_model=32", "model.num_heads=1", "model.head_dim=32", "model.d_ff=64",
+         "model.num_layers=1", "train.steps=2", "train.batch_size=2", "train.warmup_steps=1",
+         "train.eval_every=0", "train.eval_steps=1", "train.eval_batch_size=2",
+         "checkpoint.every=2", "train.log_every=1")
+
+
+def test_runner_measures_runs_and_skips_finished_ones(tmp_path):
+  run = RunSpec(name="dec", config="tiny_decllm.py", overrides=MICRO,
+                eval_overrides=("data.objective=prefix",), tags=(("family", "decllm"),))
+  spec = ExperimentSpec(name="t", claim="c", criterion="r", analysis="scaling", runs=(run,),
+                        eval_batches=1)
+  seen = []
+  first = run_experiment(spec, str(tmp_path), on_run=lambda n, what: seen.append(what))
+  r = first["dec"]
+  assert seen == ["training (1/1)"]
+  assert r["family"] == "decllm" and r["steps"] == 2 and r["eval_loss"] > 0
+  assert r["objective"] == "prefix" and r["eval_tokens"] > 0
+  # 32 x 8192 tied embedding + one layer: FLOPs and parameters come from the run's own config.
+  assert r["params"] - r["non_embedding_params"] == 32 * 8192
+  assert r["train_flops"] > 0 and r["train_tokens"] == 2 * 2 * 128
+  stored = json.loads((tmp_path / "runs" / "dec" / "result.json").read_text())
+  assert stored["digest"] == run.digest()
+
+  seen.clear()
+  again = run_experiment(spec, str(tmp_path), on_run=lambda n, what: seen.append(what))
+  assert seen == ["skipped (finished earlier)"] and again["dec"] == stored
+
+  changed = ExperimentSpec(name="t", claim="c", criterion="r", analysis="scaling", eval_batches=1,
+                           runs=(RunSpec(name="dec", config="tiny_decllm.py", overrides=MICRO,
+                                         tags=(("family", "decllm"),)),))
+  seen.clear()
+  redo = run_experiment(changed, str(tmp_path), on_run=lambda n, what: seen.append(what))
+  assert seen == ["training (1/1)"]
+  assert redo["dec"]["objective"] == "causal"  # Scored again, now on every token.
+
+
+@pytest.mark.slow
+def test_quick_mixed_attention_experiment_end_to_end(tmp_path):
+  out = tmp_path / "mixed"
+  cmd = [sys.executable, "-m", "t5like.experiments", "mixed_attention", "--quick",
+         "--output_dir", str(out)]
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  res = json.loads((out / "results.json").read_text())
+  assert set(res) >= {"experiment", "claim", "criterion", "verdicts", "runs", "analysis", "plots"}
+  assert len(res["runs"]) == 6 and res["plots"] == ["mixed_attention.png"]
+  assert {v["verdict"] for v in res["verdicts"]} == {"inconclusive"}  # One seed per arm.
+  assert (out / "mixed_attention.png").read_bytes()[:4] == b"\x89PNG"
+  assert "Criterion (fixed before the runs)" in (out / "report.md").read_text()
+  again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert again.stdout.count("skipped (finished earlier)") == 6

@@ -37,13 +37,13 @@ def load_experiment(name: str, budget: str):
   return module.get_experiment(budget)
 
 
-def paper_commands(spec, workdir_root: str, data_dir: str) -> list[str]:
+def paper_commands(spec, workdir_root: str, data_dir: str, flan_dir: str) -> list[str]:
   """train.py / eval.py command lines of the experiment at paper scale."""
   lines = []
   for run in spec.paper_runs:
     workdir = f"{workdir_root.rstrip('/')}/{spec.name}/{run.name}"
     train = ["python", "train.py", "--config", f"configs/{run.config}", "--workdir", workdir]
-    train += [f"--config.{o.format(data_dir=data_dir)}" for o in run.overrides]
+    train += [f"--config.{o.format(data_dir=data_dir, flan_dir=flan_dir)}" for o in run.overrides]
     if run.init_from_run:
       train.append(f"--config.train.init_from={workdir_root.rstrip('/')}/{spec.name}/"
                    f"{run.init_from_run}")
@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--workdir_root", default="gs://YOUR_BUCKET/t5like-experiments",
                       help="--scale paper: where the pod runs write")
   parser.add_argument("--data_dir", default="gs://YOUR_BUCKET/redpajama_v1",
-                      help="--scale paper: the corpus root the pod runs read")
+                      help="--scale paper: the RedPajama V1 root the pretraining runs read")
+  parser.add_argument("--flan_dir", default="gs://YOUR_BUCKET/flan",
+                      help="--scale paper: the FLAN root the instruction-tuning runs read")
   args = parser.parse_args(argv)
   names = available() if args.names == ["all"] else args.names
   budget = "quick" if args.quick else "full"
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
       print(f"# {name}")
       print("\n".join(paper_commands(load_experiment(name, budget), args.workdir_root,
-                                     args.data_dir)))
+                                     args.data_dir, args.flan_dir)))
     return 0
   for name in names:
     out = args.output_dir if len(names) == 1 else os.path.join(args.output_dir, name)

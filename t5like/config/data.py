@@ -11,6 +11,7 @@ OBJECTIVES = ("auto", "causal", "prefix", "inputs_targets")
 PREFIX_SPLITS = ("middle", "random")
 SOURCES = ("jsonl", "tfds")
 BAD_RECORD_POLICIES = ("skip", "error")
+PRETRAIN_CHUNKINGS = ("stream", "document")
 # Names that read a corpus from `data.data_dir` (the others are embedded or user-registered).
 ON_DISK_CORPORA = ("redpajama_v1", "flan")
 EMBEDDED_CORPORA = ("embedded_redpajama", "embedded_flan")
@@ -42,12 +43,20 @@ class DataConfig:
   #   them once into a TFDS dataset under tfds_data_dir and read that (fast, sharded TFRecords).
   tfds_data_dir: str = ""  # Where TFDS conversions live ("" = $T5LIKE_CACHE/tfds/<corpus>-<hash of
   #   its root>, T5LIKE_CACHE defaulting to ~/.cache/t5like).
-  vocab_path: str = ""  # SentencePiece model file; "" = the embedded vocabulary.
+  vocab_path: str = ""  # SentencePiece model file (path or gs:// URI) whose size must equal
+  #   model.vocab_size; "" = the embedded 8,192-piece vocabulary, allowed only for the embedded
+  #   corpora (build a corpus's 32,768-piece model with python -m t5like.tools.build_vocab).
   objective: str = "auto"  # "causal" (DecLLM LM on chunks of sequence_length), "prefix" (split
   #   each chunk of inputs_length+targets_length tokens into encoder input / decoder target, or
   #   DecLLM prefix LM), "inputs_targets" (instruction tuning on the records' inputs/targets), or
   #   "auto": inputs_targets for FLAN corpora; else causal for DecLLM with causal attention, prefix
   #   for DecLLM with decoder_attention="prefix" and for RedLLM.
+  pretrain_chunking: str = "stream"  # How pretraining text becomes sequences: "stream" (paper,
+  #   T5): documents + EOS concatenated into one stream cut into full sequences of
+  #   inputs_length+targets_length (prefix) or sequence_length (causal) tokens, so every RedLLM
+  #   row is exactly inputs_length + targets_length and attention may cross a document boundary;
+  #   "document": each document cut on its own (the last chunk shorter), chunks packed with
+  #   segment isolation, never spanning documents.
   prefix_split: str = "middle"  # Where "prefix" splits a chunk of L tokens: "middle" puts
   #   floor(L*inputs_length/(inputs_length+targets_length)) tokens in the input (L/2 when the two
   #   lengths are equal, as in the paper); "random" draws the split uniformly among valid points.
@@ -63,12 +72,27 @@ class DataConfig:
   bad_records: str = "skip"  # Invalid JSON / missing field / empty text / invalid UTF-8 records:
   #   "skip" (count them, see DataIterator.stats()) or "error" (fail naming the file and line).
   seed: int = 0  # Seed of file/example shuffles, mixing, random splits (same seed, same batches).
+  validation_holdout: float = 0.0  # Fraction of documents held out for validation, by a hash of
+  #   the document's text (FLAN: of its inputs), from every part that has no validation files
+  #   (RedPajama without validation_dir, FLAN tasks without validation.jsonl); training never
+  #   reads them. 0 = no hold-out: a run that evaluates such a part is refused at start-up.
+  extra_eval: dict[str, str] = dataclasses.field(default_factory=dict)  # Extra held-out sets
+  #   (Paloma style), name -> directory of *.jsonl[.zst] records with a 'text' field, each scored
+  #   with the pretraining objective at every eval (metrics eval/<name>/loss).
 
   def validate(self) -> "DataConfig":
     check_choice("data.objective", self.objective, OBJECTIVES)
     check_choice("data.prefix_split", self.prefix_split, PREFIX_SPLITS)
     check_choice("data.source", self.source, SOURCES)
     check_choice("data.bad_records", self.bad_records, BAD_RECORD_POLICIES)
+    check_choice("data.pretrain_chunking", self.pretrain_chunking, PRETRAIN_CHUNKINGS)
+    if not 0.0 <= self.validation_holdout < 0.5:
+      raise ConfigError(f"data.validation_holdout={self.validation_holdout} must be in [0, 0.5) "
+                        "(a fraction of documents, e.g. 0.001)")
+    for name, directory in self.extra_eval.items():
+      if not isinstance(name, str) or not re.match(r"^\w+$", name) or not directory:
+        raise ConfigError(f"data.extra_eval entries must be name -> directory with a name of "
+                          f"letters, digits and '_', got {name!r}: {directory!r}")
     for name in ("sequence_length", "inputs_length", "targets_length", "flan_example_cap",
                  "shuffle_buffer_size"):
       check_positive(f"data.{name}", getattr(self, name))
@@ -97,7 +121,7 @@ class DataConfig:
       raise ConfigError(
           f"data.objective={self.objective!r} needs plain text, but {self.mixture!r} is an "
           "instruction corpus (inputs/targets); use data.objective='inputs_targets' or 'auto'")
-    if self.objective == "inputs_targets" and _corpus_of(self.mixture).endswith("redpajama"):
+    if self.objective == "inputs_targets" and "redpajama" in _corpus_of(self.mixture):
       raise ConfigError(
           f"data.objective='inputs_targets' needs inputs/targets records, but {self.mixture!r} "
           "is plain text; use 'causal', 'prefix' or 'auto'")

@@ -1,8 +1,14 @@
 """Training objectives as seqio preprocessors (PAPER.md §1 "Training").
 
-Pretraining tasks read plain documents (``text``); after tokenisation each document gets an EOS
-and is cut into chunks of at most ``chunk`` tokens (the last chunk of a document is shorter), so no
-token is dropped and no chunk spans two documents; seqio's packing later fills rows with chunks.
+Pretraining tasks read plain documents (``text``); after tokenisation each document gets an EOS.
+Two chunkings (``data.pretrain_chunking``) turn documents into chunks of ``chunk`` tokens:
+
+* ``"stream"`` (the paper's, as T5 pretraining): documents are concatenated into one token stream
+  cut into full chunks of exactly ``chunk`` tokens; a chunk may span several documents (attention
+  crosses the boundary, as in T5) and a RedLLM row is always ``inputs + targets`` tokens. The
+  stream's last partial chunk (end of a finite split, end of an epoch) is dropped.
+* ``"document"``: each document is cut on its own (its last chunk is shorter), so no token is
+  dropped and no chunk spans two documents; seqio's packing later fills rows with chunks.
 
 * ``causal`` (DecLLM): chunk = ``sequence_length["targets"]``; the chunk is the ``targets``.
 * ``prefix`` (RedLLM, and DecLLM + bidirectional prefix): chunk = ``inputs + targets`` lengths; a
@@ -22,6 +28,7 @@ import seqio
 import tensorflow as tf
 
 PRETRAIN_VARIANTS = ("lm", "prefix_middle", "prefix_random")
+CHUNKINGS = ("stream", "document")
 
 
 def _eos_id(output_features: Mapping[str, seqio.Feature]) -> int:
@@ -47,6 +54,37 @@ def split_documents(dataset: tf.data.Dataset, chunk_length: int, eos_id: int,
   return ds
 
 
+def stream_documents(dataset: tf.data.Dataset, chunk_length: int, eos_id: int,
+                     group: int = 64) -> tf.data.Dataset:
+  """Documents + EOS concatenated into one stream, cut into full chunks of ``chunk_length``.
+
+  Documents are gathered ``group`` at a time (one ragged batch), appended to the tokens carried
+  over from the previous group, and cut; the remainder (< ``chunk_length``) is carried on in the
+  ``scan`` state, so the state a checkpoint saves is exactly the unfinished chunk.
+  """
+
+  def _with_eos(ex):
+    return tf.concat([tf.cast(ex["targets"], tf.int32), [eos_id]], axis=0)
+
+  def _cut(carry, docs):
+    tokens = tf.concat([carry, docs.flat_values], axis=0)
+    n = tf.size(tokens) // chunk_length
+    full = tf.reshape(tokens[:n * chunk_length], [n, chunk_length])
+    return tokens[n * chunk_length:], full
+
+  ds = dataset.map(_with_eos, num_parallel_calls=tf.data.AUTOTUNE).ragged_batch(group)
+  ds = ds.scan(tf.zeros([0], tf.int32), _cut).unbatch()
+  return ds.map(lambda chunk: {"targets": chunk})
+
+
+def _chunker(chunking: str) -> Callable[..., tf.data.Dataset]:
+  if chunking == "stream":
+    return stream_documents
+  if chunking == "document":
+    return split_documents
+  raise ValueError(f"unknown pretrain chunking {chunking!r}; expected one of {CHUNKINGS}")
+
+
 def middle_split_point(length: tf.Tensor, inputs_length: int, targets_length: int) -> tf.Tensor:
   """``floor(L * I / (I + T))`` clipped to ``[1, L - 1]``: the paper's split for I == T."""
   k = (length * inputs_length) // (inputs_length + targets_length)
@@ -62,9 +100,10 @@ def random_split_point(length: tf.Tensor, inputs_length: int, targets_length: in
 
 
 def causal_lm(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
-              output_features: Mapping[str, seqio.Feature]) -> tf.data.Dataset:
+              output_features: Mapping[str, seqio.Feature],
+              chunking: str = "document") -> tf.data.Dataset:
   """DecLLM pretraining: chunks of ``sequence_length["targets"]`` tokens as ``targets``."""
-  return split_documents(dataset, sequence_length["targets"], _eos_id(output_features))
+  return _chunker(chunking)(dataset, sequence_length["targets"], _eos_id(output_features))
 
 
 def _split_example(ex, k):
@@ -73,10 +112,11 @@ def _split_example(ex, k):
 
 
 def prefix_lm_middle(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
-                     output_features: Mapping[str, seqio.Feature]) -> tf.data.Dataset:
+                     output_features: Mapping[str, seqio.Feature],
+                     chunking: str = "document") -> tf.data.Dataset:
   """Prefix LM with the split in the middle of each chunk of ``inputs + targets`` tokens."""
   ilen, tlen = sequence_length["inputs"], sequence_length["targets"]
-  ds = split_documents(dataset, ilen + tlen, _eos_id(output_features), min_length=2)
+  ds = chunk_for_prefix_lm(dataset, sequence_length, output_features, chunking)
   return ds.map(
       lambda ex: _split_example(ex, middle_split_point(tf.size(ex["targets"]), ilen, tlen)),
       num_parallel_calls=tf.data.AUTOTUNE)
@@ -89,25 +129,29 @@ def _random_split(ex, seed, sequence_length):
 
 
 def chunk_for_prefix_lm(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
-                        output_features: Mapping[str, seqio.Feature]) -> tf.data.Dataset:
-  """First half of the random prefix LM: chunks of ``inputs + targets`` tokens in ``targets``."""
-  return split_documents(
-      dataset, sequence_length["inputs"] + sequence_length["targets"],
-      _eos_id(output_features), min_length=2)
+                        output_features: Mapping[str, seqio.Feature],
+                        chunking: str = "document") -> tf.data.Dataset:
+  """Chunks of ``inputs + targets`` tokens in ``targets`` (at least 2 tokens, to be split)."""
+  chunk = sequence_length["inputs"] + sequence_length["targets"]
+  if chunking == "stream":
+    return stream_documents(dataset, chunk, _eos_id(output_features))
+  return split_documents(dataset, chunk, _eos_id(output_features), min_length=2)
 
 
-def pretraining_preprocessors(variant: str) -> list[Callable[..., tf.data.Dataset]]:
+def pretraining_preprocessors(variant: str, chunking: str = "document"
+                              ) -> list[Callable[..., tf.data.Dataset]]:
   """seqio preprocessors turning ``{"text"}`` records into the objective's examples."""
+  _chunker(chunking)  # Validates the name.
   head = [
       functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),
       functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False),
   ]
   if variant == "lm":
-    return head + [causal_lm]
+    return head + [functools.partial(causal_lm, chunking=chunking)]
   if variant == "prefix_middle":
-    return head + [prefix_lm_middle]
+    return head + [functools.partial(prefix_lm_middle, chunking=chunking)]
   if variant == "prefix_random":
-    return head + [chunk_for_prefix_lm, _random_split]
+    return head + [functools.partial(chunk_for_prefix_lm, chunking=chunking), _random_split]
   raise ValueError(f"unknown pretraining variant {variant!r}; expected one of {PRETRAIN_VARIANTS}")
 
 

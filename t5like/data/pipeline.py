@@ -32,7 +32,9 @@ def resolve_objective(cfg, mixture: str | None = None) -> str:
   kind = tasks.corpus_kind(name)
   family, attention = cfg.model.family, cfg.model.decoder_attention
   objective = cfg.data.objective
-  if kind == "flan":
+  if name.startswith(tasks.EXTRA_EVAL_PREFIX):  # Extra eval sets: their registered variant.
+    objective = "causal" if name.endswith(":lm") else "prefix"
+  elif kind == "flan":
     objective = "inputs_targets"
   elif objective == "auto":
     if kind == "redpajama":
@@ -87,6 +89,15 @@ def resolve_mixture(cfg, mixture: str | None = None) -> str:
     raise ValueError(f"{name!r} is not a part of {corpus}; available: "
                      f"{', '.join(n for n in tasks.registered_names() if n.startswith(corpus))}")
   return full
+
+
+def extra_eval_mixtures(cfg) -> dict[str, str]:
+  """``data.extra_eval`` name -> registered seqio task (scored with the pretraining objective)."""
+  family, attention = cfg.model.family, cfg.model.decoder_attention
+  variant = ("lm" if family == "decllm" and attention == "causal"
+             else f"prefix_{cfg.data.prefix_split}")
+  return {name: tasks.register_extra_eval(cfg, name, directory, variant)
+          for name, directory in sorted(cfg.data.extra_eval.items())}
 
 
 def list_task_names() -> list[str]:
@@ -161,10 +172,16 @@ def _pad_rows(batch_size: int, batch):
 
 def _check_vocab(cfg, provider) -> None:
   vocab = next(iter(provider.output_features.values())).vocabulary
-  if vocab.vocab_size > cfg.model.vocab_size:
-    raise ValueError(
-        f"the data vocabulary has {vocab.vocab_size} ids but model.vocab_size="
-        f"{cfg.model.vocab_size}; raise model.vocab_size to at least {vocab.vocab_size}")
+  if vocab.vocab_size != cfg.model.vocab_size:
+    raise ValueError(vocab_mismatch_message(vocab.vocab_size, cfg))
+
+
+def vocab_mismatch_message(size: int, cfg) -> str:
+  where = cfg.data.vocab_path or "the embedded vocabulary (data.vocab_path='')"
+  return (f"the data vocabulary {where} has {size} pieces but model.vocab_size="
+          f"{cfg.model.vocab_size}: the two must be equal. Point data.vocab_path at a model of "
+          f"{cfg.model.vocab_size} pieces (python -m t5like.tools.build_vocab --vocab_size "
+          f"{cfg.model.vocab_size} ...) or set model.vocab_size={size}")
 
 
 _LIVE: "weakref.WeakSet[DataIterator]" = weakref.WeakSet()

@@ -16,7 +16,11 @@ raises `BadRecordError` naming the file and line. A missing directory or an empt
 `jsonl_dataset` is the tf.data reader of one shard. Python does the decompression and JSON parsing
 (TensorFlow reads neither zstd nor JSON) in chunks of ``chunk_size`` lines: chunk ``i`` of a file is
 a pure function of ``(path, i)``, so the iterator state is just tf.data counters and can be saved
-and restored exactly; an LRU of open streams makes sequential reading linear.
+and restored exactly. Reading stays linear in the data read: the stream left after chunk ``i`` is
+kept open for chunk ``i + 1`` (up to ``$T5LIKE_OPEN_SHARDS`` streams, default 4096, enough for
+every task file of FLAN; the open-file limit is raised to fit), and the byte offset where each
+chunk starts is remembered, so a stream that had to be closed reopens with a seek (plain jsonl)
+instead of re-reading its prefix. Only a restored iterator reads a file's prefix again, once.
 """
 from __future__ import annotations
 
@@ -157,7 +161,7 @@ def _open_binary(path: str) -> io.BufferedIOBase:
   import zstandard  # pylint: disable=g-import-not-at-top
 
   reader = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
-  return io.BufferedReader(reader, buffer_size=1 << 20)
+  return io.BufferedReader(reader, buffer_size=1 << 18)  # Thousands may be open at once.
 
 
 def iter_records(path: str, schema: RecordSchema, *, policy: str = "skip",
@@ -185,20 +189,47 @@ def _handle_bad(path: str, lineno: int, kind: str, policy: str, stats: RecordSta
     stats.add(kind)
 
 
-class _StreamCache:
-  """LRU of open shard streams keyed by ``(path, next_chunk_index)``."""
+def _raise_open_file_limit(want: int) -> None:
+  """Raises the soft limit on open files towards ``want`` (within the hard limit)."""
+  try:
+    import resource  # pylint: disable=g-import-not-at-top
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+      resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+  except (ImportError, ValueError, OSError):  # Not POSIX, or not allowed: keep the limit.
+    pass
 
-  def __init__(self, capacity: int = 64) -> None:
+
+class _StreamCache:
+  """LRU of open shard streams keyed by ``(path, next_chunk_index)``, plus the byte offset where
+  recent chunks start (kept after their stream is closed, for a seek instead of a re-read)."""
+
+  def __init__(self, capacity: int | None = None, offsets: int = 200_000) -> None:
     self._lock = threading.Lock()
     self._streams: collections.OrderedDict[tuple[str, int], Any] = collections.OrderedDict()
-    self._capacity = capacity
+    self._offsets: collections.OrderedDict[tuple[str, int], int] = collections.OrderedDict()
+    self._capacity = capacity or int(os.environ.get("T5LIKE_OPEN_SHARDS", "4096"))
+    self._max_offsets = offsets
+    self.reopened = 0  # Streams opened again after eviction (seek, or prefix re-read for .zst).
+    self.rescanned_lines = 0  # Lines read again to reach a chunk (restores, evicted .zst).
+    _raise_open_file_limit(self._capacity + 256)
 
   def pop(self, path: str, index: int):
     with self._lock:
       return self._streams.pop((path, index), None)
 
-  def put(self, path: str, index: int, stream) -> None:
+  def offset(self, path: str, index: int) -> int | None:
     with self._lock:
+      return self._offsets.get((path, index))
+
+  def put(self, path: str, index: int, stream, offset: int | None = None) -> None:
+    with self._lock:
+      if offset is not None:
+        self._offsets[(path, index)] = offset
+        self._offsets.move_to_end((path, index))
+        while len(self._offsets) > self._max_offsets:
+          self._offsets.popitem(last=False)
       old = self._streams.pop((path, index), None)
       self._streams[(path, index)] = stream
       evicted = []
@@ -211,6 +242,30 @@ class _StreamCache:
 _CACHE = _StreamCache()
 
 
+def _open_at(path: str, index: int, chunk_size: int):
+  """A stream positioned at chunk ``index``: a seek if its offset is known, else skipped lines."""
+  stream = _open_binary(path)
+  if index == 0:
+    return stream
+  _CACHE.reopened += 1
+  offset = _CACHE.offset(path, index)
+  if offset is not None and not path.endswith(".zst"):
+    stream.seek(offset)
+    return stream
+  if offset is not None:  # zstd cannot seek: decompress the prefix, skipping whole blocks.
+    while offset > 0:
+      got = len(stream.read(min(offset, 1 << 22)))
+      if not got:
+        break
+      offset -= got
+    return stream
+  for _ in range(index * chunk_size):  # A restored iterator: the prefix is read once.
+    _CACHE.rescanned_lines += 1
+    if not stream.readline():
+      break
+  return stream
+
+
 def read_chunk(path: str, index: int, schema: RecordSchema, *, policy: str, label: str,
                chunk_size: int) -> tuple[bool, list[list[bytes]]]:
   """Reads lines ``[index*chunk_size, (index+1)*chunk_size)`` of a shard, parsed and checked.
@@ -220,10 +275,7 @@ def read_chunk(path: str, index: int, schema: RecordSchema, *, policy: str, labe
   """
   stream = _CACHE.pop(path, index)
   if stream is None:
-    stream = _open_binary(path)
-    for _ in range(index * chunk_size):  # Only after a restore or an evicted stream.
-      if not stream.readline():
-        break
+    stream = _open_at(path, index, chunk_size)
   stats = stats_for(label)
   columns: list[list[bytes]] = [[] for _ in schema.fields]
   n_lines = 0
@@ -240,7 +292,7 @@ def read_chunk(path: str, index: int, schema: RecordSchema, *, policy: str, labe
       for col, name in zip(columns, schema.fields):
         col.append(record[name])
   if n_lines == chunk_size:
-    _CACHE.put(path, index + 1, stream)
+    _CACHE.put(path, index + 1, stream, offset=stream.tell())
   else:
     stream.close()
   return n_lines == 0, columns
@@ -374,7 +426,7 @@ def estimate_tokens(files: Sequence[str], vocab_path: str = "",
   from t5like.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
 
   _, total_bytes = count_records(files, TEXT_SCHEMA)
-  sp = spm.SentencePieceProcessor(model_file=str(vocab_lib.resolve_vocab_path(vocab_path)))
+  sp = spm.SentencePieceProcessor(model_proto=vocab_lib.load_model_proto(vocab_path))
   texts, seen = [], 0
   for path in files:
     for _, record in iter_records(path, TEXT_SCHEMA, policy="skip"):

@@ -49,6 +49,8 @@ class CorpusSpec:
   vocab_path: str = ""  # SentencePiece model ("" = embedded).
   shuffle_buffer_size: int = 1000  # Per-task example shuffle buffer.
   bad_records: str = "skip"  # "skip" or "error".
+  chunking: str = "document"  # Pretraining chunking: "stream" or "document" (objectives.py).
+  holdout: float = 0.0  # Validation hold-out fraction for parts without validation files.
 
 
 # (corpus name, variant) -> (spec, seqio task names, seqio mixture names).
@@ -94,7 +96,10 @@ def _make_task(name: str, source, spec: CorpusSpec):
   import seqio  # pylint: disable=g-import-not-at-top
 
   from t5like.data import objectives  # pylint: disable=g-import-not-at-top
+  from t5like.data import validation  # pylint: disable=g-import-not-at-top
 
+  source = validation.with_holdout(source, spec.holdout,
+                                   "inputs" if spec.kind == "flan" else "text")
   vocabulary = _vocabulary(spec.vocab_path)
   if spec.kind == "flan":
     features = objectives.output_features(vocabulary, ("inputs", "targets"), add_eos=True)
@@ -102,7 +107,7 @@ def _make_task(name: str, source, spec: CorpusSpec):
   else:
     keys = ("targets",) if spec.variant == "lm" else ("inputs", "targets")
     features = objectives.output_features(vocabulary, keys, add_eos=False)
-    preps = objectives.pretraining_preprocessors(spec.variant)
+    preps = objectives.pretraining_preprocessors(spec.variant, spec.chunking)
   return seqio.Task(name, source=source, output_features=features, preprocessors=preps,
                     shuffle_buffer_size=spec.shuffle_buffer_size)
 
@@ -212,11 +217,14 @@ def _register_flan(spec: CorpusSpec) -> tuple[list[str], list[str]]:
       rows.append((row["submixture"], row["task"], src, count,
                    functools.partial(_conversion_stats, builder.info.metadata, row["splits"])))
   else:
+    from t5like.data import counts  # pylint: disable=g-import-not-at-top
+
+    corpus_counts = counts.CorpusCounts(spec.root, sources.FLAN_SCHEMA)
     for t in sources.flan_tasks(spec.root):
       split_files = {split: [path] for split, path in t.splits}
       label = f"{spec.name}.{_clean(t.submixture)}.{_clean(t.task)}"
       src = _jsonl_source(split_files, sources.FLAN_SCHEMA, spec, label=label)
-      count = functools.partial(lambda f: sources.count_records(f, sources.FLAN_SCHEMA)[0],
+      count = functools.partial(lambda f: corpus_counts.count(f)[0],
                                 split_files.get("train", []))
       rows.append((t.submixture, t.task, src, count, functools.partial(_live_stats, label)))
       sources.reset_stats(label)
@@ -343,7 +351,40 @@ def spec_from_config(cfg, name: str, variant: str) -> CorpusSpec:
       variant=variant, rates=tuple(sorted(data.mixture_rates.items())),
       rate_by_tokens=(corpus == "embedded_redpajama"), cap=data.flan_example_cap,
       source=data.source, tfds_data_dir=data.tfds_data_dir, vocab_path=data.vocab_path,
-      shuffle_buffer_size=data.shuffle_buffer_size, bad_records=data.bad_records)
+      shuffle_buffer_size=data.shuffle_buffer_size, bad_records=data.bad_records,
+      chunking=data.pretrain_chunking, holdout=data.validation_holdout)
+
+
+EXTRA_EVAL_PREFIX = "extra_eval_"
+
+
+def register_extra_eval(cfg, name: str, directory: str, variant: str) -> str:
+  """Registers ``directory`` (``*.jsonl[.zst]`` records with ``text``) as a validation-only task
+  scored with the pretraining objective ``variant``; returns its seqio name (Paloma-style
+  out-of-domain eval, ``data.extra_eval``)."""
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  layout = (f"expected {directory}/*.jsonl[.zst] records with a 'text' field for "
+            f"data.extra_eval[{name!r}]")
+  data = cfg.data
+  spec = CorpusSpec(kind="redpajama", name=EXTRA_EVAL_PREFIX + name, root=directory, variant=variant,
+                    vocab_path=data.vocab_path, shuffle_buffer_size=data.shuffle_buffer_size,
+                    bad_records=data.bad_records, chunking=data.pretrain_chunking)
+  task_name = seqio_name(spec.name, variant)
+  key = (spec.name, variant)
+  if key in _REGISTERED:
+    if _REGISTERED[key][0] == spec and task_name in seqio.TaskRegistry.names():
+      return task_name
+    if task_name in seqio.TaskRegistry.names():
+      seqio.TaskRegistry.remove(task_name)
+    del _REGISTERED[key]
+  files = sources.list_shards(directory, layout)
+  source = _jsonl_source({"validation": files}, sources.TEXT_SCHEMA, spec, label=task_name)
+  seqio.TaskRegistry.add_provider(task_name, _make_task(task_name, source, spec))
+  _TASK_STATS[task_name] = functools.partial(_live_stats, task_name)
+  sources.reset_stats(task_name)
+  _REGISTERED[key] = (spec, [task_name], [])
+  return task_name
 
 
 def task_stats(seqio_task: str, split: str = "train") -> dict[str, Any]:

@@ -133,12 +133,31 @@ def train_sentencepiece(
   return model_path
 
 
-def resolve_vocab_path(path: str | os.PathLike = "") -> pathlib.Path:
-  """Returns the model path: ``path`` itself, or the embedded vocabulary when empty."""
-  resolved = pathlib.Path(path) if str(path) else EMBEDDED_VOCAB
+def resolve_vocab_path(path: str | os.PathLike = "") -> pathlib.Path | str:
+  """Returns the model path: ``path`` itself (local or ``gs://``), or the embedded vocabulary."""
+  if not str(path):
+    return EMBEDDED_VOCAB
+  from etils import epath  # pylint: disable=g-import-not-at-top
+
+  resolved = epath.Path(path)
   if not resolved.is_file():
-    raise FileNotFoundError(f"SentencePiece model not found: {resolved}")
-  return resolved
+    raise FileNotFoundError(f"SentencePiece model not found: {path} (data.vocab_path); build one "
+                            "with python -m t5like.tools.build_vocab")
+  return resolved if isinstance(resolved, pathlib.Path) else str(path)
+
+
+def load_model_proto(path: str | os.PathLike = "") -> bytes:
+  """The serialized SentencePiece model at ``path`` ("" = embedded), local or in a bucket."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+
+  return epath.Path(resolve_vocab_path(path)).read_bytes()
+
+
+def vocab_size(path: str | os.PathLike = "") -> int:
+  """Number of pieces of the SentencePiece model at ``path`` ("" = embedded)."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+  return spm.SentencePieceProcessor(model_proto=load_model_proto(path)).get_piece_size()
 
 
 def get_vocabulary(path: str = "", extra_ids: int = 0) -> "seqio.SentencePieceVocabulary":

@@ -39,16 +39,22 @@ class DataSource(Protocol):
 
 
 class PipelineData:
-  """The seqio pipeline of ``t5like.data`` (training mixture; held-out eval split)."""
+  """The seqio pipeline of ``t5like.data`` (training mixture; held-out eval split).
 
-  def __init__(self, cfg: Config):
+  Construction runs the data start-up checks (`t5like.data.checks.check_data`: corpus layout,
+  vocabulary size, validation data): a misconfigured run fails here, before compilation.
+  """
+
+  def __init__(self, cfg: Config, *, check: bool = True):
     self.cfg = cfg
     try:
-      from t5like.data import pipeline  # noqa: F401
+      from t5like.data import checks, pipeline  # noqa: F401
     except ImportError as e:
       raise ConfigError(
           f"the data pipeline t5like.data.pipeline is not importable ({e}); it is needed to "
           f"train on data.mixture={cfg.data.mixture!r}") from e
+    if check:
+      checks.check_data(cfg)
 
   def train(self, batch_size, shard_index, num_shards):
     from t5like.data import pipeline
@@ -62,6 +68,14 @@ class PipelineData:
     return pipeline.make_iterator(self.cfg, split="validation", batch_size=batch_size,
                                   shard_index=shard_index, num_shards=num_shards, shuffle=False,
                                   repeat=False)
+
+  def extra_evals(self, batch_size, shard_index, num_shards) -> dict[str, DataIterator]:
+    """Fresh iterators over the ``data.extra_eval`` sets, by name (Paloma-style eval)."""
+    from t5like.data import pipeline
+    return {name: pipeline.make_iterator(
+        self.cfg, split="validation", batch_size=batch_size, shard_index=shard_index,
+        num_shards=num_shards, shuffle=False, repeat=False, mixture=task)
+            for name, task in pipeline.extra_eval_mixtures(self.cfg).items()}
 
 
 def global_batch(local: Mapping[str, np.ndarray], sharding: NamedSharding,

@@ -75,11 +75,16 @@ def make_cfg(spm_path):
   """Builds a validated Config with small lengths; keyword args are dotted overrides."""
   from t5like.config import Config, apply_overrides
 
+  from t5like.data import vocab
+
+  size = vocab.vocab_size(spm_path)  # The model's vocabulary must match it exactly.
+
   def build(**overrides):
     cfg = Config()
     base = {"data.vocab_path": spm_path, "data.sequence_length": "32", "data.inputs_length": "16",
             "data.targets_length": "16", "data.shuffle_buffer_size": "64",
-            "model.vocab_size": "512"}
+            "model.vocab_size": str(size),
+            "data.pretrain_chunking": "document"}  # Stream mode: test_chunking.py.
     base.update({k.replace("__", "."): str(v) if not isinstance(v, str) else v
                  for k, v in overrides.items()})
     apply_overrides(cfg, [f"{k}={v}" for k, v in base.items()])

@@ -1,0 +1,133 @@
+"""Record counts for mixing rates, cached in a JSON file next to the data and shared by hosts.
+
+FLAN's examples-proportional rates need the number of good records of every task's train file
+(thousands of files). Counting parses every file, so the counts are kept in
+``<corpus root>/.t5like_counts.json`` (readable from a bucket by every host), one entry per file
+with the file's size and modification time: an entry is reused only while both match, so a changed
+or replaced file is counted again and the cache rewritten. When the root is read-only the cache
+goes to ``$T5LIKE_CACHE/counts/<hash of root>.json`` instead (per machine). Count once for all
+hosts before a multi-host run with ``python -m t5like.tools.prepare_data --data_dir <root>``.
+
+The file is rewritten whole through a temporary name and a rename, so a reader never sees half a
+cache; two hosts counting at once write the same numbers.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import os
+import threading
+from typing import Sequence
+
+from etils import epy
+
+from t5like.data import sources
+
+with epy.lazy_imports():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+log = logging.getLogger("t5like.data")
+
+CACHE_NAME = ".t5like_counts.json"
+FORMAT = 1
+
+
+def _local_cache_path(root: str) -> str:
+  cache = os.environ.get("T5LIKE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "t5like"))
+  digest = hashlib.sha256(root.rstrip("/").encode()).hexdigest()[:12]
+  return os.path.join(cache, "counts", f"{digest}.json")
+
+
+def _schema_key(schema: sources.RecordSchema) -> str:
+  return ",".join(schema.required)
+
+
+def _load(path: str) -> dict:
+  try:
+    with tf.io.gfile.GFile(path, "r") as f:
+      data = json.load(f)
+    return data if data.get("format") == FORMAT else {}
+  except (tf.errors.NotFoundError, ValueError, OSError):
+    return {}
+
+
+def _write(path: str, data: dict) -> bool:
+  tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+  try:
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    with tf.io.gfile.GFile(tmp, "w") as f:
+      json.dump(data, f, sort_keys=True)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+    return True
+  except (tf.errors.OpError, OSError):
+    return False
+
+
+def _count_one(path: str, schema: sources.RecordSchema) -> tuple[int, int]:
+  return sources.count_records([path], schema)
+
+
+class CorpusCounts:
+  """Good-record counts of the files under ``root``, from the cache file or counted once."""
+
+  def __init__(self, root: str, schema: sources.RecordSchema, threads: int = 8) -> None:
+    self.root = root
+    self.schema = schema
+    self.threads = threads
+    self._lock = threading.Lock()
+    self._counts: dict[str, tuple[int, int]] | None = None
+    self.counted = 0  # Files counted (not found up to date in the cache) by this object.
+    self.cache_path = ""
+
+  def _entries(self, files: Sequence[str]) -> dict[str, tuple[int, int]]:
+    shared = os.path.join(self.root, CACHE_NAME)
+    local = _local_cache_path(self.root)
+    data = _load(shared) or _load(local)
+    entries = data.get("files", {})
+    key = _schema_key(self.schema)
+    out, todo, stats = {}, [], {}
+    for path in files:
+      st = tf.io.gfile.stat(path)
+      stats[path] = (int(st.length), int(st.mtime_nsec))
+      rel = os.path.relpath(path, self.root) if not path.startswith("gs://") else (
+          path[len(self.root.rstrip("/")) + 1:])
+      e = entries.get(rel, {}).get(key)
+      if e and (e["size"], e["mtime_ns"]) == stats[path]:
+        out[path] = (int(e["records"]), int(e["bytes"]))
+      else:
+        todo.append((rel, path))
+    if todo:
+      log.info("counting records of %d file(s) under %s for mixing rates", len(todo), self.root)
+      with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
+        counted = list(pool.map(lambda rp: _count_one(rp[1], self.schema), todo))
+      for (rel, path), (n, nbytes) in zip(todo, counted):
+        out[path] = (n, nbytes)
+        size, mtime = stats[path]
+        entries.setdefault(rel, {})[key] = {"size": size, "mtime_ns": mtime, "records": n,
+                                            "bytes": nbytes}
+      self.counted += len(todo)
+      data = {"format": FORMAT, "files": entries}
+      self.cache_path = shared if _write(shared, data) else (local if _write(local, data) else "")
+    else:
+      self.cache_path = shared if tf.io.gfile.exists(shared) else local
+    return out
+
+  def count(self, files: Sequence[str]) -> tuple[int, int]:
+    """``(good records, bytes of the first field)`` summed over ``files``."""
+    with self._lock:
+      if self._counts is None or any(f not in self._counts for f in files):
+        self._counts = {**(self._counts or {}), **self._entries(self._all_files(files))}
+      return (sum(self._counts[f][0] for f in files), sum(self._counts[f][1] for f in files))
+
+  def _all_files(self, files: Sequence[str]) -> list[str]:
+    """Every countable file of the corpus (one pass, one cache write), plus ``files``."""
+    try:
+      if self.schema == sources.FLAN_SCHEMA:
+        found = [p for t in sources.flan_tasks(self.root) for s, p in t.splits if s == "train"]
+      else:
+        found = [p for fs in sources.redpajama_subsets(self.root).values() for p in fs]
+    except sources.LayoutError:
+      found = []
+    return list(dict.fromkeys(found + list(files)))

@@ -19,7 +19,7 @@ MICRO = ("model.d_model=32", "model.num_heads=1", "model.head_dim=32", "model.d_
          "checkpoint.every=2", "train.log_every=1")
 
 
-def test_runner_measures_runs_and_skips_finished_ones(tmp_path):
+def test_runner_measures_runs_and_skips_finished_ones(tmp_path, monkeypatch):
   run = RunSpec(name="dec", config="tiny_decllm.py", overrides=MICRO,
                 eval_overrides=("data.objective=prefix",), tags=(("family", "decllm"),))
   spec = ExperimentSpec(name="t", claim="c", criterion="r", analysis="scaling", runs=(run,),
@@ -40,13 +40,21 @@ def test_runner_measures_runs_and_skips_finished_ones(tmp_path):
   again = run_experiment(spec, str(tmp_path), on_run=lambda n, what: seen.append(what))
   assert seen == ["skipped (finished earlier)"] and again["dec"] == stored
 
+  # A changed run (here: scored on every token) is trained and scored again. Its training would
+  # resume at the final step, so the trainer and scorer are replaced by recorders here.
+  import t5like.evaluation.checkpoint_eval as checkpoint_eval
+  import t5like.training as training
+  calls = []
+  monkeypatch.setattr(training, "run", lambda cfg, wd: calls.append(("train", wd)) or {})
+  fake_report = {"objective": "causal", "results": {"m": {"eval_loss": 1.0}}}
+  monkeypatch.setattr(checkpoint_eval, "evaluate_checkpoint",
+                      lambda wd, **kw: calls.append(("eval", kw["overrides"])) or fake_report)
   changed = ExperimentSpec(name="t", claim="c", criterion="r", analysis="scaling", eval_batches=1,
                            runs=(RunSpec(name="dec", config="tiny_decllm.py", overrides=MICRO,
                                          tags=(("family", "decllm"),)),))
-  seen.clear()
-  redo = run_experiment(changed, str(tmp_path), on_run=lambda n, what: seen.append(what))
-  assert seen == ["training (1/1)"]
-  assert redo["dec"]["objective"] == "causal"  # Scored again, now on every token.
+  redo = run_experiment(changed, str(tmp_path))
+  assert calls == [("train", r["workdir"]), ("eval", ())]
+  assert redo["dec"]["objective"] == "causal" and redo["dec"]["digest"] != r["digest"]
 
 
 @pytest.mark.slow

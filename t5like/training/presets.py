@@ -1,6 +1,10 @@
 """Config builders behind ``configs/*.py`` (each config file is one call to one of these).
 
-The paper configs need ``--config.data.data_dir=<corpus root>``; ``load_config`` says so if missing.
+The paper configs need ``--config.data.data_dir=<corpus root>`` (``load_config`` says so if
+missing) and ``--config.data.vocab_path=<32,768-piece SentencePiece model>`` (built once with
+``python -m t5like.tools.build_vocab``); with no validation files they also need
+``--config.data.validation_holdout`` (or ``validation_dir``). Runs check all three at start-up,
+before compiling (``t5like.data.checks``).
 
 - ``paper_pretraining(family, size)``: PAPER.md §1 pretraining — RedPajama V1, 400K steps, batch
   2048, DecLLM length 2048 / RedLLM 1024 input + 1024 target (mid split), Adafactor 0.8, warmup 2k
@@ -28,6 +32,13 @@ def _paper_mesh(cfg: Config) -> None:
   cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, 1  # Pure FSDP (MaxText's default).
 
 
+def _paper_data(cfg: Config) -> None:
+  cfg.data.vocab_path = ""  # Required: a model of model.vocab_size (32,768) pieces.
+  cfg.data.validation_dir = ""  # RedPajama: a held-out root, or set data.validation_holdout.
+  cfg.data.validation_holdout = 0.0  # > 0 holds out documents by hash where no validation
+  #   files exist; 0 makes a run without validation data stop at start-up naming both flags.
+
+
 def _checkpointing(cfg: Config, every: int) -> None:
   cfg.checkpoint.every = every
   cfg.checkpoint.keep = 3
@@ -41,7 +52,9 @@ def paper_pretraining(family: str, size: str) -> Config:
   cfg.model.remat_policy = "full" if size != "150m" else "none"
   cfg.data.mixture = "redpajama_v1"
   cfg.data.data_dir = ""  # Required: --config.data.data_dir=<RedPajama V1 root>.
+  _paper_data(cfg)
   cfg.data.objective = "auto"  # causal for DecLLM, mid-split prefix for RedLLM.
+  cfg.data.pretrain_chunking = "stream"  # Documents concatenated, cut into full 2048 sequences.
   cfg.data.sequence_length = 2048
   cfg.data.inputs_length = 1024
   cfg.data.targets_length = 1024
@@ -66,6 +79,7 @@ def paper_instruction_tuning(family: str, size: str, *, prefix: bool = False) ->
   cfg.model.remat_policy = "full" if size != "150m" else "none"
   cfg.data.mixture = "flan"
   cfg.data.data_dir = ""  # Required: --config.data.data_dir=<FLAN root> (validated on load).
+  _paper_data(cfg)
   cfg.data.objective = "inputs_targets"
   cfg.data.inputs_length = 2048
   cfg.data.targets_length = 512

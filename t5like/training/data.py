@@ -78,6 +78,13 @@ class PipelineData:
             for name, task in pipeline.extra_eval_mixtures(self.cfg).items()}
 
 
+def extra_eval_iterators(data: DataSource, batch_size: int, shard_index: int, num_shards: int
+                         ) -> list[tuple[str, DataIterator]]:
+  """``(name, iterator)`` of the source's extra held-out sets (``data.extra_eval``), if any."""
+  make = getattr(data, "extra_evals", None)
+  return sorted(make(batch_size, shard_index, num_shards).items()) if make else []
+
+
 def global_batch(local: Mapping[str, np.ndarray], sharding: NamedSharding,
                  global_rows: int) -> dict[str, jax.Array]:
   """Per-host rows -> global arrays [global_rows, ...] sharded by ``sharding``."""

@@ -250,9 +250,17 @@ def _train(cfg: Config, workdir: str, data, step_hook, setup, ckpt, ckpt_dir: st
     to_global = lambda b: data_lib.global_batch(  # noqa: E731
         pad_rows(b, eval_rows // nproc), setup.batch_sharding, eval_rows)
     try:
-      return held_out_metrics(eval_step, params, it, to_global, cfg.train.eval_steps)
+      out = held_out_metrics(eval_step, params, it, to_global, cfg.train.eval_steps)
     finally:
       _close(it)
+    for name, extra in data_lib.extra_eval_iterators(data, eval_rows // nproc, pid, nproc):
+      try:  # data.extra_eval sets (Paloma style): eval/<name>/loss, eval/<name>/accuracy.
+        m = held_out_metrics(eval_step, params, extra, to_global, cfg.train.eval_steps)
+      finally:
+        _close(extra)
+      out.update({f"eval/{name}/{k[5:]}": m[k] for k in ("eval_loss", "eval_accuracy") if out
+                  and k in m})
+    return out
 
   def save(step: int) -> None:
     if step in ckpt.all_steps():

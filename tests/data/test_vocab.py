@@ -104,3 +104,23 @@ def test_sample_lines_is_deterministic_and_bounded():
   b = build_vocab.sample_lines(iter(texts), 50, 10_000, seed=3)
   assert a == b and len(a) == 50
   assert sum(map(len, build_vocab.sample_lines(iter(texts), 500, 300, seed=0))) <= 300
+
+
+def test_build_vocab_samples_a_corpus_by_subset_rate(tmp_path):
+  from t5like.tools import make_paper_corpus
+  root = str(tmp_path / "rp")
+  make_paper_corpus.write_redpajama(root, scale=0.0004, max_words=5000)
+  model = build_vocab.main([
+      "--data_dir", root, "--corpus", "redpajama", "--vocab_size", "400", "--no-hard_vocab_limit",
+      "--max_characters", "200000", "--rates", '{"github": 0}',
+      "--output_prefix", str(tmp_path / "out" / "spm")])
+  sp = spm.SentencePieceProcessor(model_file=str(model))
+  assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
+  assert sp.piece_to_id("<0x41>") > 2  # Byte fallback pieces.
+  record = json.loads((tmp_path / "out" / "spm.json").read_text())
+  sample = record["sample"]
+  assert sample["github"]["characters"] == 0  # Rate 0: nothing read.
+  for subset, s in sample.items():  # Each part stays within its share of the budget.
+    assert s["characters"] <= s["budget"]
+  cc, c4 = sample["common_crawl"]["budget"], sample["c4"]["budget"]
+  assert abs(cc / c4 - 878 / 175) < 0.01  # Shares follow the paper's token counts.

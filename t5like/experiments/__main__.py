@@ -47,9 +47,10 @@ def paper_commands(spec, workdir_root: str, data_dir: str, flan_dir: str) -> lis
     if run.init_from_run:
       train.append(f"--config.train.init_from={workdir_root.rstrip('/')}/{spec.name}/"
                    f"{run.init_from_run}")
-    evaluate = ["python", "eval.py", "--workdir", workdir]
-    evaluate += [f"--config.{o}" for o in run.eval_overrides]
-    lines += [shlex.join(train), shlex.join(evaluate)]
+    lines.append(shlex.join(train))
+    for overrides in [run.eval_overrides] + [ov for _, ov in run.evals]:
+      lines.append(shlex.join(["python", "eval.py", "--workdir", workdir]
+                              + [f"--config.{o}" for o in overrides]))
   return lines
 
 

@@ -79,7 +79,7 @@ def run_experiment(spec: ExperimentSpec, output_dir: str, *,
     if done.exists():
       prev = json.loads(done.read_text())
       if prev.get("digest") == run.digest():
-        results[run.name] = prev
+        results[run.name] = _extra_evals(run, prev, spec.eval_batches, done)
         _notify(on_run, run.name, "skipped (finished earlier)")
         continue
       log.warning("run %s changed since it finished; training it again", run.name)
@@ -94,8 +94,25 @@ def run_experiment(spec: ExperimentSpec, output_dir: str, *,
               "workdir": workdirs[run.name], "train_seconds": round(train_s, 1),
               **measure(cfg, train_metrics, report)}
     done.write_text(json.dumps(result, indent=2, sort_keys=True, default=str))
-    results[run.name] = result
+    results[run.name] = _extra_evals(run, result, spec.eval_batches, done)
   return results
+
+
+def _extra_evals(run: RunSpec, result: dict[str, Any], eval_batches: int,
+                 done: epath.Path) -> dict[str, Any]:
+  """Scores the run's extra evals that ``result`` does not hold yet, and stores them."""
+  from t5like.evaluation.checkpoint_eval import evaluate_checkpoint
+  evals = result.setdefault("evals", {})
+  todo = [(label, list(ov)) for label, ov in run.evals
+          if evals.get(label, {}).get("overrides") != list(ov)]  # New, or its settings changed.
+  for label, overrides in todo:
+    report = evaluate_checkpoint(result["workdir"], overrides=overrides, per_task=False,
+                                 max_batches=eval_batches, write=False)
+    (scores,) = report["results"].values()
+    evals[label] = {**scores, "overrides": overrides}
+  if todo:
+    done.write_text(json.dumps(result, indent=2, sort_keys=True, default=str))
+  return result
 
 
 def _notify(on_run, name: str, what: str) -> None:

@@ -25,13 +25,17 @@ class RunSpec:
   eval_overrides: tuple[str, ...] = ()  # Applied when scoring (e.g. "data.objective=prefix").
   tags: tuple[tuple[str, Any], ...] = ()  # What the analysis groups by: family, size, seed, ...
   init_from_run: str = ""  # Finetuning: the run (same experiment) whose checkpoint starts this.
+  evals: tuple[tuple[str, tuple[str, ...]], ...] = ()  # Extra held-out scores (label, overrides),
+  #   e.g. longer evaluation lengths; added later without retraining (not part of the digest).
 
   def tag(self, key: str, default: Any = None) -> Any:
     return dict(self.tags).get(key, default)
 
   def digest(self) -> str:
     """Changes whenever anything that defines the run changes (re-running then retrains)."""
-    blob = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+    fields = dataclasses.asdict(self)
+    del fields["evals"]
+    blob = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

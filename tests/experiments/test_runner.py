@@ -2,6 +2,7 @@
 changed run is trained again. The --quick CLI path end to end is a slow test."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -36,9 +37,19 @@ def test_runner_measures_runs_and_skips_finished_ones(tmp_path, monkeypatch):
   stored = json.loads((tmp_path / "runs" / "dec" / "result.json").read_text())
   assert stored["digest"] == run.digest()
 
+  # Re-running skips training; an eval added since (a longer length) is scored without retraining.
+  longer = dataclasses.replace(run, evals=(("x2", ("data.objective=prefix",
+                                                   "data.sequence_length=256",
+                                                   "data.inputs_length=128",
+                                                   "data.targets_length=128")),))
   seen.clear()
-  again = run_experiment(spec, str(tmp_path), on_run=lambda n, what: seen.append(what))
-  assert seen == ["skipped (finished earlier)"] and again["dec"] == stored
+  again = run_experiment(dataclasses.replace(spec, runs=(longer,)), str(tmp_path),
+                         on_run=lambda n, what: seen.append(what))
+  assert seen == ["skipped (finished earlier)"]
+  assert again["dec"]["eval_loss"] == stored["eval_loss"]
+  x2 = again["dec"]["evals"]["x2"]
+  assert x2["eval_tokens"] == 2 * stored["eval_tokens"]  # Target halves twice as long.
+  assert "x2" in json.loads((tmp_path / "runs" / "dec" / "result.json").read_text())["evals"]
 
   # A changed run (here: scored on every token) is trained and scored again. Its training would
   # resume at the final step, so the trainer and scorer are replaced by recorders here.

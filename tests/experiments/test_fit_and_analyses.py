@@ -99,3 +99,40 @@ def test_specs_reject_duplicate_runs_and_forward_references():
   with pytest.raises(ValueError, match="earlier run"):
     _spec(runs=(RunSpec(name="b", config="x.py", init_from_run="a"), r)).validate()
   assert r.digest() != RunSpec(name="a", config="tiny_decllm.py", overrides=("x=1",)).digest()
+
+
+def test_length_analysis_compares_degradation_at_the_longest_length(tmp_path):
+  from t5like.experiments import length
+
+  def run(family, seed, losses):
+    return {"family": family, "evals": {f"x{k}": {"eval_loss": v}
+                                        for k, v in zip((1, 2, 4, 8), losses)}}
+  spec = _spec(analysis="length", params=(("factors", (1, 2, 4, 8)), ("sigmas", 2.0)))
+  sharp = {"d0": run("decllm", 0, [3.0, 3.1, 4.0, 5.0]), "d1": run("decllm", 1, [3.0, 3.1, 4.1, 5.1]),
+           "r0": run("redllm", 0, [3.2, 3.25, 3.3, 3.4]), "r1": run("redllm", 1, [3.2, 3.2, 3.3, 3.5])}
+  a = length.analyse(spec, sharp, str(tmp_path))
+  assert a.verdicts[0].verdict == "supported"
+  assert a.numbers["mean_loss"]["decllm"] == pytest.approx([3.0, 3.1, 4.05, 5.05])
+  flipped = {k: run("redllm" if v["family"] == "decllm" else "decllm", 0,
+                    [v["evals"][f"x{x}"]["eval_loss"] for x in (1, 2, 4, 8)])
+             for k, v in sharp.items()}
+  assert length.analyse(spec, flipped, str(tmp_path)).verdicts[0].verdict == "contradicted"
+  single = {"d0": sharp["d0"], "r0": sharp["r0"]}
+  assert length.analyse(spec, single, str(tmp_path)).verdicts[0].verdict == "inconclusive"
+  assert (tmp_path / "length_extrapolation.png").exists()
+
+
+def test_instruction_tuning_analysis_weighs_loss_and_inference_flops(tmp_path):
+  from t5like.experiments import instruct
+
+  def run(variant, seed, loss, flops):
+    return {"eval_loss": loss, "inference_flops_per_sequence": flops, "params": 1e6,
+            "tags": {"stage": "finetune", "variant": variant, "seed": seed}}
+  res = {f"{v}{s}": run(v, s, loss + 0.01 * s, flops)
+         for v, loss, flops in (("decllm", 3.0, 4e8), ("decllm_biattn", 2.8, 4e8),
+                                ("redllm", 2.99, 1.5e8)) for s in (0, 1)}
+  res["pre"] = {"eval_loss": 9.0, "tags": {"stage": "pretrain", "variant": "decllm"}}
+  a = instruct.analyse(_spec(analysis="instruct"), res, str(tmp_path))
+  assert [v.verdict for v in a.verdicts] == ["supported", "supported"]
+  worse = dict(res, redllm0=run("redllm", 0, 3.5, 1.5e8), redllm1=run("redllm", 1, 3.51, 1.5e8))
+  assert instruct.analyse(_spec(), worse, str(tmp_path)).verdicts[0].verdict == "contradicted"

@@ -3,7 +3,8 @@ a model is built or compiled, with the path, what was expected and the flag that
 
 `check_data(cfg)` checks, in order:
   1. the corpus layout under ``data.data_dir`` (and ``data.validation_dir``): root present, at
-     least one subset / task, no subset whose shards are all empty;
+     least one subset / task, no subset whose shards are all empty; with ``data.source="tfds"``
+     on several hosts, a conversion already made once in a shared ``data.tfds_data_dir``;
   2. the vocabulary: an on-disk corpus needs ``data.vocab_path``, and its size must equal
      ``model.vocab_size`` (smaller included);
   3. validation, when the run evaluates (``train.eval_steps > 0``): every evaluated mixture needs
@@ -32,6 +33,7 @@ def check_data(cfg, *, evaluate: bool | None = None) -> None:
   names = [cfg.data.mixture] + ([cfg.data.eval_mixture] if cfg.data.eval_mixture else [])
   for name in names:
     _check_layout(cfg, name)
+    _check_tfds_shared(cfg, name)
   _check_vocab(cfg)
   if evaluate is None:
     evaluate = cfg.train.eval_steps > 0
@@ -58,6 +60,38 @@ def _check_layout(cfg, name: str) -> None:
           f"subset {os.path.join(data.data_dir, subset)} holds only empty shards; expected "
           f"non-empty *.jsonl[.zst] files. Add its data or drop it with "
           f"--config.data.mixture_rates='{{\"{subset}\": 0}}'")
+
+
+def _check_tfds_shared(cfg, name: str, process_count: int | None = None) -> None:
+  """Several hosts must not each convert the corpus: it is converted once, beforehand."""
+  corpus, data = _corpus_of(name), cfg.data
+  if data.source != "tfds" or corpus not in ON_DISK_CORPORA:
+    return
+  if process_count is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    process_count = jax.process_count()
+  if process_count == 1:
+    return
+  from t5like.data import tfds_builder  # pylint: disable=g-import-not-at-top
+
+  fix = (f"convert it once for all hosts: python -m t5like.tools.prepare_data --data_dir "
+         f"{data.data_dir or '<corpus root>'} --corpus "
+         f"{'flan' if corpus == 'flan' else 'redpajama'} --tfds_data_dir <shared dir or bucket>"
+         ", then set --config.data.tfds_data_dir to it")
+  if not data.tfds_data_dir:
+    raise ConfigError(f"data.source='tfds' on {process_count} hosts needs a shared "
+                      f"data.tfds_data_dir (the default is a per-machine cache); {fix}")
+  if corpus == "flan":
+    infos = [os.path.join(data.tfds_data_dir, tfds_builder.FLAN_NAME, tfds_builder.VERSION)]
+  else:
+    subsets = [s for s in sources.REDPAJAMA_SUBSETS if data.mixture_rates.get(s, 1) != 0]
+    infos = [os.path.join(data.tfds_data_dir, tfds_builder.REDPAJAMA_NAME, s,
+                          tfds_builder.VERSION) for s in subsets]
+  missing = [d for d in infos if not tf.io.gfile.exists(os.path.join(d, "dataset_info.json"))]
+  if missing:
+    raise ConfigError(f"no TFDS conversion at {missing[0]} (expected dataset_info.json there; "
+                      f"{len(missing)} missing) for data.source='tfds' on {process_count} hosts; "
+                      f"{fix}")
 
 
 def _check_vocab(cfg) -> None:

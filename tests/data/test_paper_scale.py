@@ -218,3 +218,27 @@ def test_holdout_hash_is_a_pure_function_of_the_text():
   assert (a == validation.is_held_out(texts, 0.1).numpy()).all()
   assert 0.07 < a.mean() < 0.13
   assert (validation.is_held_out(texts, 0.2).numpy() >= a).all()  # Nested slices.
+
+
+def test_multi_host_tfds_needs_one_shared_conversion(rp_cfg, redpajama_root, tmp_path):
+  root, _ = redpajama_root
+  cfg = rp_cfg(**{"data.data_dir": root, "data.source": "tfds"})
+  with pytest.raises(ConfigError, match="shared data.tfds_data_dir.*prepare_data"):
+    checks._check_tfds_shared(cfg, cfg.data.mixture, process_count=4)  # pylint: disable=W0212
+  shared = str(tmp_path / "tfds")
+  cfg = rp_cfg(**{"data.data_dir": root, "data.source": "tfds", "data.tfds_data_dir": shared})
+  with pytest.raises(ConfigError, match="no TFDS conversion at .*tfds/t5like_redpajama/arxiv"):
+    checks._check_tfds_shared(cfg, cfg.data.mixture, process_count=4)  # pylint: disable=W0212
+
+
+@pytest.mark.slow
+def test_prepare_data_converts_subsets_in_parallel_once_for_all_hosts(rp_cfg, redpajama_root,
+                                                                     tmp_path):
+  from t5like.tools import prepare_data
+  root, _ = redpajama_root
+  shared = str(tmp_path / "tfds")
+  cfg = rp_cfg(**{"data.data_dir": root, "data.source": "tfds", "data.tfds_data_dir": shared})
+  report = prepare_data.convert_redpajama(root, shared, processes=2)  # One process per subset.
+  assert sorted(report) == ["arxiv", "book", "wikipedia"]
+  assert report["arxiv"]["examples"]["train"] == 40
+  checks._check_tfds_shared(cfg, cfg.data.mixture, process_count=4)  # pylint: disable=W0212

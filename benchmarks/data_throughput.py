@@ -1,42 +1,68 @@
-r"""Packed tokens/s of the data pipeline per feature converter, printed as a table.
+r"""Packed tokens/s of the data pipeline at paper lengths, per source and objective, and the CPU
+cores a host needs to feed its chips; cold start and mid-epoch resume times.
 
-Reads the embedded corpora (or ``--data_dir`` / ``--flan_dir`` in RedPajama / FLAN layout) through
-the same `t5like.data.pipeline.make_iterator` the trainer uses, on this machine's CPUs:
+  python benchmarks/data_throughput.py                          # generated paper-shaped corpus
+  python benchmarks/data_throughput.py --sources jsonl,tfds --batches 100
+  python benchmarks/data_throughput.py --embedded               # the embedded corpora instead
 
-  python benchmarks/data_throughput.py                       # paper lengths, batch 8, jsonl
-  python benchmarks/data_throughput.py --source tfds --batches 50
+The corpus is generated once into ``--corpus_dir`` by `t5like.tools.make_paper_corpus` (7
+RedPajama subsets with hundreds of shards, ``--flan_tasks`` FLAN tasks of 10-10,000 examples,
+``.jsonl.zst``); ``tfds`` rows convert it once (one process per subset) into
+``<corpus_dir>/tfds``. Every row reads through `t5like.data.pipeline.make_iterator`, as training
+does, with the paper presets' data settings (stream chunking, RedLLM 1024+1024 / FLAN 2048+512,
+FLAN counts from the cache next to the data) and the embedded 8,192-piece vocabulary.
 
-Columns: converter (and the objective feeding it), rows/s, packed tokens/s (non-padding tokens,
-encoder + decoder), target tokens/s (tokens with loss weight 1), fill (non-padding share of the row
-cells), and the time to the first batch (pipeline build + shuffle buffers). Steady-state figures
-are over ``--batches`` after ``--warmup`` batches.
+Columns: packed tokens/s (non-padding encoder + decoder tokens) in wall time, and per CPU-second
+of this process (user + system time: the rate one core sustains, whatever else runs on the
+machine); fill (non-padding share of row cells); cold start (build + first batch); resume (a new
+iterator restored from a checkpoint taken mid-epoch, to its first batch). The cores table divides
+a host's demand by the per-core rate: the 150M model needs ~1.1 GFLOP per training token, so a
+v5p chip (459 TFLOP/s bf16) at 55% MFU eats ~230k tokens/s and a 4-chip host ~0.92M.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-# pylint: disable-next=wrong-import-position
+# pylint: disable=wrong-import-position
 from t5like.config import Config, apply_overrides
+from t5like.data import vocab
 
-# (row label, overrides): the paper's lengths (PAPER.md §1 "Training").
+CHIP_TOKENS_PER_S = 459e12 * 0.55 / 1.1e9  # v5p bf16 peak x 55% MFU / FLOP per token (150M).
+CHIPS_PER_HOST = 4
+
+# (label, corpus, overrides): the paper presets' data settings.
 CASES = (
-    ("Decoder (LM), DecLLM causal LM", "redpajama",
-     ["model.family=decllm", "data.sequence_length=2048"]),
-    ("PrefixLM, DecLLM prefix LM", "redpajama",
-     ["model.family=decllm", "model.decoder_attention=prefix", "data.inputs_length=1024",
-      "data.targets_length=1024"]),
-    ("EncDec, RedLLM prefix LM", "redpajama",
+    ("DecLLM causal 2048", "redpajama", ["model.family=decllm", "data.sequence_length=2048"]),
+    ("RedLLM prefix 1024+1024", "redpajama",
      ["model.family=redllm", "data.inputs_length=1024", "data.targets_length=1024"]),
-    ("PrefixLM, DecLLM instruction", "flan",
-     ["model.family=decllm", "data.inputs_length=2048", "data.targets_length=512"]),
-    ("EncDec, RedLLM instruction", "flan",
+    ("DecLLM instruction 2048+512", "flan",
+     ["model.family=decllm", "data.inputs_length=2048", "data.targets_length=512",
+      "data.sequence_length=2560"]),
+    ("RedLLM instruction 2048+512", "flan",
      ["model.family=redllm", "data.inputs_length=2048", "data.targets_length=512"]),
 )
+
+
+def _cpu() -> float:
+  t = os.times()
+  return t.user + t.system
+
+
+def _count(b) -> tuple[int, int]:
+  packed = cells = 0
+  for key in ("encoder_segment_ids", "decoder_segment_ids"):
+    if key in b:
+      packed += int((b[key] > 0).sum())
+      cells += b[key].size
+  return packed, cells
 
 
 def measure(cfg: Config, batch_size: int, warmup: int, batches: int) -> dict[str, float]:
@@ -45,61 +71,103 @@ def measure(cfg: Config, batch_size: int, warmup: int, batches: int) -> dict[str
   start = time.perf_counter()
   it = pipeline.make_iterator(cfg, batch_size=batch_size)
   next(it)
-  first = time.perf_counter() - start
+  cold = time.perf_counter() - start
   for _ in range(warmup):
     next(it)
-  packed = targets = cells = 0
-  start = time.perf_counter()
+  packed = cells = 0
+  start, cpu = time.perf_counter(), _cpu()
   for _ in range(batches):
-    b = next(it)
-    for key in ("encoder_segment_ids", "decoder_segment_ids"):
-      if key in b:
-        packed += int((b[key] > 0).sum())
-        cells += b[key].size
-    targets += int(b["decoder_loss_weights"].sum())
-  secs = time.perf_counter() - start
-  it.close()
-  return {"rows/s": batches * batch_size / secs, "packed tok/s": packed / secs,
-          "target tok/s": targets / secs, "fill": packed / max(cells, 1), "first batch s": first}
+    p, c = _count(next(it))
+    packed, cells = packed + p, cells + c
+  secs, cpu_secs = time.perf_counter() - start, _cpu() - cpu
+  with tempfile.TemporaryDirectory() as tmp:  # Resume mid-epoch from a saved position.
+    it.save(tmp)
+    expected = next(it)
+    it.close()
+    start = time.perf_counter()
+    again = pipeline.make_iterator(cfg, batch_size=batch_size)
+    again.restore(tmp)
+    got = next(again)
+    resume = time.perf_counter() - start
+    again.close()
+  assert all((expected[k] == got[k]).all() for k in expected), "resume gave other batches"
+  return {"packed tok/s": packed / secs, "tok/CPU-s": packed / max(cpu_secs, 1e-9),
+          "fill": packed / max(cells, 1), "cold start s": cold, "resume s": resume}
+
+
+def _prepare(corpus_dir: str, args) -> None:
+  from t5like.tools import make_paper_corpus, prepare_data  # pylint: disable=g-import-not-at-top
+
+  if not os.path.isdir(os.path.join(corpus_dir, "flan")):
+    t = time.time()
+    make_paper_corpus.main(["--out", corpus_dir, "--scale", str(args.scale),
+                            "--flan_tasks", str(args.flan_tasks)])
+    print(f"generated {corpus_dir} in {time.time() - t:.0f}s", file=sys.stderr)
+  t = time.time()
+  prepare_data.main(["--data_dir", os.path.join(corpus_dir, "flan"), "--corpus", "flan"])
+  print(f"FLAN counts ready in {time.time() - t:.1f}s", file=sys.stderr)
+  if "tfds" in args.sources:
+    for corpus in ("redpajama", "flan"):
+      prepare_data.main(["--data_dir", os.path.join(corpus_dir, corpus), "--corpus", corpus,
+                         "--tfds_data_dir", os.path.join(corpus_dir, "tfds")])
 
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--corpus_dir", default=os.path.join(tempfile.gettempdir(),
+                                                           "t5like_paper_corpus"))
+  parser.add_argument("--scale", type=float, default=0.05, help="RedPajama size when generating")
+  parser.add_argument("--flan_tasks", type=int, default=1600)
+  parser.add_argument("--embedded", action="store_true", help="read the embedded corpora")
+  parser.add_argument("--sources", default="jsonl", help="comma-separated: jsonl,tfds")
   parser.add_argument("--batch_size", type=int, default=8)
-  parser.add_argument("--warmup", type=int, default=50)
-  parser.add_argument("--batches", type=int, default=200)
-  parser.add_argument("--shuffle_buffer_size", type=int, default=128,
-                      help="per-task buffer; keep it small so warm-up drains what the first "
-                      "batch pre-filled and the timing is the steady state")
-  parser.add_argument("--source", choices=("jsonl", "tfds"), default="jsonl")
-  parser.add_argument("--data_dir", default="", help="RedPajama-V1 layout root (default: embedded)")
-  parser.add_argument("--flan_dir", default="", help="FLAN layout root (default: embedded)")
+  parser.add_argument("--warmup", type=int, default=20)
+  parser.add_argument("--batches", type=int, default=50)
   parser.add_argument("--only", default="", help="run the rows whose label contains this text")
+  parser.add_argument("--json", default="", help="also write the rows to this JSON file")
   args = parser.parse_args(argv)
+  args.sources = [s for s in args.sources.split(",") if s]
+  if not args.embedded:
+    _prepare(args.corpus_dir, args)
 
   rows = []
-  for label, corpus, overrides in CASES:
-    if args.only and args.only not in label:
-      continue
-    cfg = Config()
-    data_dir = args.data_dir if corpus == "redpajama" else args.flan_dir
-    name = ("redpajama_v1" if corpus == "redpajama" else "flan") if data_dir else (
-        f"embedded_{corpus}")
-    apply_overrides(cfg, overrides + [f"data.mixture={name}", f"data.data_dir={data_dir}",
-                                      f"data.source={args.source}",
-                                      f"data.shuffle_buffer_size={args.shuffle_buffer_size}"])
-    rows.append((label, measure(cfg.validate(), args.batch_size, args.warmup, args.batches)))
+  for source in args.sources:
+    for label, corpus, overrides in CASES:
+      if args.only and args.only not in label:
+        continue
+      cfg = Config()
+      if args.embedded:
+        data = [f"data.mixture=embedded_{corpus}"]
+      else:
+        data = [f"data.mixture={'redpajama_v1' if corpus == 'redpajama' else 'flan'}",
+                f"data.data_dir={os.path.join(args.corpus_dir, corpus)}",
+                f"data.vocab_path={vocab.EMBEDDED_VOCAB}",
+                f"data.tfds_data_dir={os.path.join(args.corpus_dir, 'tfds')}"]
+      apply_overrides(cfg, overrides + data + [f"data.source={source}",
+                                               f"model.vocab_size={vocab.EMBEDDED_VOCAB_SIZE}"])
+      cfg.data.objective = "inputs_targets" if corpus == "flan" else "auto"
+      rows.append((f"{label}, {source}", measure(cfg.validate(), args.batch_size, args.warmup,
+                                                 args.batches)))
 
-  cols = ("rows/s", "packed tok/s", "target tok/s", "fill", "first batch s")
-  width = max(len(label) for label, _ in rows) if rows else 10
+  cols = ("packed tok/s", "tok/CPU-s", "fill", "cold start s", "resume s")
+  width = max([len(label) for label, _ in rows] + [10])
   print(f"\nbatch {args.batch_size}, {args.batches} batches after {args.warmup} warm-up, "
-        f"shuffle buffer {args.shuffle_buffer_size}, source {args.source}, "
-        f"{os.cpu_count()} CPUs")
-  print(f"| {'converter, objective':<{width}} | " + " | ".join(f"{c:>13}" for c in cols) + " |")
+        f"{len(os.sched_getaffinity(0))} CPUs, corpus "
+        f"{'embedded' if args.embedded else args.corpus_dir}")
+  print(f"| {'objective, source':<{width}} | " + " | ".join(f"{c:>13}" for c in cols) + " |")
   print(f"|{'-' * (width + 2)}|" + "|".join("-" * 15 for _ in cols) + "|")
   for label, r in rows:
-    cells = [f"{r[c]:>13,.0f}" if c.endswith("/s") else f"{r[c]:>13.2f}" for c in cols]
+    cells = [f"{r[c]:>13,.0f}" if c.endswith("/s") or c.endswith("CPU-s") else f"{r[c]:>13.2f}"
+             for c in cols]
     print(f"| {label:<{width}} | " + " | ".join(cells) + " |")
+  host = CHIP_TOKENS_PER_S * CHIPS_PER_HOST
+  print(f"\nCores a {CHIPS_PER_HOST}-chip v5p host needs for the 150M model "
+        f"({host / 1e6:.2f}M packed tokens/s): demand / tokens per CPU-second")
+  for label, r in rows:
+    print(f"  {label:<{width}}  {math.ceil(host / r['tok/CPU-s']):>4} cores")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({label: r for label, r in rows}, f, indent=2)
 
 
 if __name__ == "__main__":

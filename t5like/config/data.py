@@ -12,6 +12,7 @@ PREFIX_SPLITS = ("middle", "random")
 SOURCES = ("jsonl", "tfds")
 BAD_RECORD_POLICIES = ("skip", "error")
 PRETRAIN_CHUNKINGS = ("stream", "document")
+FLAN_GROUPINGS = ("task", "submixture")
 # Names that read a corpus from `data.data_dir` (the others are embedded or user-registered).
 ON_DISK_CORPORA = ("redpajama_v1", "flan")
 EMBEDDED_CORPORA = ("embedded_redpajama", "embedded_flan")
@@ -68,6 +69,10 @@ class DataConfig:
   #   subset / sub-mixture / task name, e.g. {"common_crawl": 2.0, "book": 0}; 0 drops that part.
   #   Defaults: RedPajama subsets by token count (PAPER.md §3), FLAN tasks by capped example count.
   flan_example_cap: int = 30_000  # Examples-proportional mixing cap per FLAN task (T5/FLAN style).
+  flan_grouping: str = "task"  # FLAN pipelines (jsonl source): "task" = one per task (exact seqio
+  #   mixing, any per-task rate; start-up costs ~1 s per task), "submixture" = one per
+  #   sub-mixture interleaving its task files, each capped at flan_example_cap per epoch (same
+  #   expected proportions; seconds to start with thousands of tasks; task rates only 0).
   shuffle_buffer_size: int = 1000  # Per-task example shuffle buffer (after preprocessing).
   bad_records: str = "skip"  # Invalid JSON / missing field / empty text / invalid UTF-8 records:
   #   "skip" (count them, see DataIterator.stats()) or "error" (fail naming the file and line).
@@ -86,6 +91,7 @@ class DataConfig:
     check_choice("data.source", self.source, SOURCES)
     check_choice("data.bad_records", self.bad_records, BAD_RECORD_POLICIES)
     check_choice("data.pretrain_chunking", self.pretrain_chunking, PRETRAIN_CHUNKINGS)
+    check_choice("data.flan_grouping", self.flan_grouping, FLAN_GROUPINGS)
     if not 0.0 <= self.validation_holdout < 0.5:
       raise ConfigError(f"data.validation_holdout={self.validation_holdout} must be in [0, 0.5) "
                         "(a fraction of documents, e.g. 0.001)")

@@ -81,6 +81,7 @@ def paper_instruction_tuning(family: str, size: str, *, prefix: bool = False) ->
   cfg.data.data_dir = ""  # Required: --config.data.data_dir=<FLAN root> (validated on load).
   _paper_data(cfg)
   cfg.data.objective = "inputs_targets"
+  cfg.data.flan_grouping = "submixture"  # Thousands of tasks: one pipeline per sub-mixture.
   cfg.data.inputs_length = 2048
   cfg.data.targets_length = 512
   cfg.data.sequence_length = 2048 + 512  # DecLLM: input and target in one sequence.

@@ -242,3 +242,22 @@ def test_prepare_data_converts_subsets_in_parallel_once_for_all_hosts(rp_cfg, re
   assert sorted(report) == ["arxiv", "book", "wikipedia"]
   assert report["arxiv"]["examples"]["train"] == 40
   checks._check_tfds_shared(cfg, cfg.data.mixture, process_count=4)  # pylint: disable=W0212
+
+
+def test_flan_grouped_by_submixture_keeps_capped_examples_proportional_mixing(make_cfg,
+                                                                             flan_root):
+  cfg = make_cfg(**{"data.mixture": "flan", "data.data_dir": flan_root,
+                    "data.flan_grouping": "submixture", "data.flan_example_cap": 20})
+  mixture = seqio.get_mixture_or_task(pipeline.resolve_mixture(cfg))
+  assert sorted(t.name for t in mixture.tasks) == ["flan.sub_a", "flan.sub_b"]  # 2 pipelines.
+  assert {t.name: mixture.get_rate(t) for t in mixture.tasks} == {
+      "flan.sub_a": 40.0, "flan.sub_b": 10.0}  # min(60, 20) + min(30, 20); min(10, 20).
+  ds = seqio.get_mixture_or_task("flan.sub_a").source.get_dataset("train", shuffle=False)
+  per_task = collections.Counter(ex["task_name"] for ex in ds.as_numpy_iterator())
+  assert per_task == {b"define": 20, b"continue": 20}  # Each file capped per epoch.
+  assert _rows(cfg, n=2)  # And it batches.
+  bad = make_cfg(**{"data.mixture": "flan", "data.data_dir": flan_root,
+                    "data.flan_grouping": "submixture",
+                    "data.mixture_rates": json.dumps({"define": 3})})
+  with pytest.raises(ValueError, match="flan_grouping='task' for per-task rates"):
+    pipeline.resolve_mixture(bad)

@@ -99,13 +99,21 @@ def dot_product_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Arra
   dt = q_bthk.dtype
   b, t, h, k = q_bthk.shape
   g = k_bsgk.shape[2]
+  probs_bhts = attention_weights(q_bthk, k_bsgk, mask_bhts).astype(dt)
+  probs_bhts = dropout(probs_bhts, dropout_rate, rng)
+  probs_bgrts = probs_bhts.reshape(b, g, h // g, t, -1)
+  return jnp.einsum("bgrts,bsgk->btgrk", probs_bgrts, v_bsgk).reshape(b, t, h, k)
+
+
+def attention_weights(q_bthk: jax.Array, k_bsgk: jax.Array, mask_bhts: jax.Array) -> jax.Array:
+  """float32 attention probabilities [batch, heads, t, s]; fully-masked rows are all zero."""
+  dt = q_bthk.dtype
+  b, t, h, k = q_bthk.shape
+  g = k_bsgk.shape[2]
   q_btgrk = q_bthk.reshape(b, t, g, h // g, k) * jnp.asarray(k ** -0.5, dt)
   scores_bgrts = jnp.einsum("btgrk,bsgk->bgrts", q_btgrk, k_bsgk,
                             preferred_element_type=jnp.float32)
   scores_bhts = scores_bgrts.reshape(b, h, t, -1)
   scores_bhts = jnp.where(mask_bhts, scores_bhts, _NEG)
   # Zeroing masked probabilities makes fully-masked (padding) rows attend to nothing at all.
-  probs_bhts = jnp.where(mask_bhts, jax.nn.softmax(scores_bhts, axis=-1), 0.0).astype(dt)
-  probs_bhts = dropout(probs_bhts, dropout_rate, rng)
-  probs_bgrts = probs_bhts.reshape(b, g, h // g, t, -1)
-  return jnp.einsum("bgrts,bsgk->btgrk", probs_bgrts, v_bsgk).reshape(b, t, h, k)
+  return jnp.where(mask_bhts, jax.nn.softmax(scores_bhts, axis=-1), 0.0)

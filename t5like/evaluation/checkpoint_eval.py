@@ -48,6 +48,17 @@ def find_step_dir(path: str, step: int | None = None) -> str:
         "as written by train.py") from None
 
 
+def restore_model(path: str, *, step: int | None = None, overrides: Sequence[str] = ()):
+  """(model, config, step_dir): the nnx model of a checkpoint with its stored config."""
+  from flax import nnx
+  from t5like.training import checkpointing, state as state_lib
+  step_dir = find_step_dir(path, step)
+  cfg = load_checkpoint_config(step_dir, overrides)
+  setup = state_lib.build_setup(cfg, partitioning.make_mesh(cfg.mesh))
+  params = checkpointing.restore_params(step_dir, setup.abstract_state.params)
+  return nnx.merge(setup.graphdef, params), cfg, step_dir
+
+
 def child_names(mixture: str) -> list[str]:
   """The direct parts of a registered mixture (subsets / sub-mixtures), for a per-task report."""
   from t5like.data import tasks

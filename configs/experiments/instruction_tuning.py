@@ -20,7 +20,7 @@ VARIANTS = (("decllm", "pretrain_decllm", "tiny_decllm_flan.py"),
 
 def _loop(steps: int, batch: int, seed: int) -> tuple[str, ...]:
   return (f"train.steps={steps}", f"train.batch_size={batch}", "train.eval_every=0",
-          "train.eval_steps=2", f"train.log_every={max(steps // 4, 1)}",
+          "train.eval_steps=0", f"train.log_every={max(steps // 4, 1)}",
           f"checkpoint.every={steps}", f"train.seed={seed}")
 
 

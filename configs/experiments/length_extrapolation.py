@@ -27,7 +27,7 @@ def get_experiment(budget: str = "quick") -> ExperimentSpec:
   runs = [RunSpec(name=f"{f}_s{seed}", config=f"tiny_{f}.py",
                   overrides=(f"train.steps={steps}", f"train.batch_size={batch}",
                              f"train.warmup_steps={max(steps // 20, 1)}", "train.eval_every=0",
-                             "train.eval_steps=2", f"train.log_every={max(steps // 4, 1)}",
+                             "train.eval_steps=0", f"train.log_every={max(steps // 4, 1)}",
                              f"checkpoint.every={steps}", f"train.seed={seed}"),
                   eval_overrides=("data.objective=prefix",), evals=_evals(128),
                   tags=(("family", f), ("seed", seed)))

@@ -20,7 +20,7 @@ def get_experiment(budget: str = "quick") -> ExperimentSpec:
             name=f"{base}_{variant}_s{seed}", config=config,
             overrides=extra + (f"model.mixed_attention={variant}", f"train.steps={steps}",
                                f"train.batch_size={batch}", f"train.warmup_steps={warmup}",
-                               "train.eval_every=0", "train.eval_steps=2",
+                               "train.eval_every=0", "train.eval_steps=0",
                                f"train.log_every={max(steps // 4, 1)}",
                                f"checkpoint.every={steps}", f"train.seed={seed}"),
             eval_overrides=("data.objective=prefix",),

@@ -32,7 +32,7 @@ def get_experiment(budget: str = "quick") -> ExperimentSpec:
     for name, d, dl, rl in SIZES:
       for seed in seeds:
         loop = (f"train.steps={steps}", f"train.batch_size={batch}",
-                f"train.warmup_steps={warmup}", "train.eval_every=0", "train.eval_steps=2",
+                f"train.warmup_steps={warmup}", "train.eval_every=0", "train.eval_steps=0",
                 f"train.log_every={max(steps // 4, 1)}", f"checkpoint.every={steps}",
                 f"train.seed={seed}")
         runs.append(RunSpec(

@@ -136,3 +136,28 @@ def test_instruction_tuning_analysis_weighs_loss_and_inference_flops(tmp_path):
   assert [v.verdict for v in a.verdicts] == ["supported", "supported"]
   worse = dict(res, redllm0=run("redllm", 0, 3.5, 1.5e8), redllm1=run("redllm", 1, 3.51, 1.5e8))
   assert instruct.analyse(_spec(), worse, str(tmp_path)).verdicts[0].verdict == "contradicted"
+
+
+def test_rank_analysis_compares_bidirectional_with_causal_maps(tmp_path):
+  import json
+
+  from t5like.experiments import rank
+
+  def layer(eff, tri):
+    return {"stack": "decoder", "layer": 0, "normalized_effective_rank_per_row": eff,
+            "normalized_rank_per_row": eff, "triangular_full_rank_fraction": tri,
+            "dong_ratio": 0.5}
+  arms = {"decllm_causal": ("causal", [0.50, 0.52, 0.51], 1.0),
+          "decllm_prefix": ("bidirectional", [0.30, 0.31, 0.29], 0.0),
+          "redllm_per_head": ("mixed", [0.5, 0.5, 0.5], 0.75)}
+  results = {}
+  (tmp_path / "attention").mkdir()
+  for name, (kind, eff, tri) in arms.items():  # Cached summaries: no model is loaded.
+    results[name] = {"name": name, "digest": name, "tags": {"arm": name, "kind": kind}}
+    (tmp_path / "attention" / f"{name}.json").write_text(
+        json.dumps({"digest": name, "rows": 3, "layers": [layer(eff, tri)]}))
+  spec = _spec(analysis="rank", params=(("rows", 3), ("sigmas", 2.0)))
+  verdicts = {v.claim.split(":")[0]: v.verdict for v in rank.analyse(spec, results,
+                                                                      str(tmp_path)).verdicts}
+  assert verdicts == {"decllm_prefix": "supported", "decllm_causal": "supported",
+                      "redllm_per_head": "contradicted"}  # 75% triangular is not "every map".

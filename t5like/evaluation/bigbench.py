@@ -1,0 +1,180 @@
+"""Downstream tasks in BIG-bench's JSON task format (and FLAN-layout records), zero- and few-shot.
+
+A BIG-bench task file is a JSON object with ``examples`` (each with ``input`` and either
+``target_scores`` — option -> score, the best options being correct — or ``target``, a string or
+list of acceptable strings) and optional ``task_prefix``, ``example_input_prefix`` (default
+``"\\nQ: "``), ``example_output_prefix`` (default ``"\\nA: "``), ``choice_prefix`` (default
+``"\\n  choice: "``), ``append_choices_to_input`` (default true), ``few_shot_example_separator``
+(default ``"\\n"``), ``metrics`` (e.g. ``multiple_choice_grade``, ``exact_str_match``) and
+``name`` / ``description``. FLAN-layout jsonl records (``inputs``, ``targets``) load as generative
+tasks. Prompts follow BIG-bench's layout; k-shot examples are drawn with a fixed seed from the
+other examples of the task, never the scored one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+from typing import Any, Sequence
+
+from etils import epath
+
+DEFAULTS = {"task_prefix": "", "example_input_prefix": "\nQ: ", "example_output_prefix": "\nA: ",
+            "choice_prefix": "\n  choice: ", "append_choices_to_input": True,
+            "few_shot_example_separator": "\n"}
+KNOWN_METRICS = ("multiple_choice_grade", "exact_str_match")
+
+
+class TaskFormatError(ValueError):
+  """A task file that cannot be used; the message names the file and the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  input: str  # The question / context, without prefixes.
+  choices: tuple[str, ...] = ()  # Options (multiple choice), in file order.
+  scores: tuple[float, ...] = ()  # Their target_scores; the maximal ones are correct.
+  targets: tuple[str, ...] = ()  # Acceptable generations (generative tasks).
+
+  @property
+  def is_multiple_choice(self) -> bool:
+    return bool(self.choices)
+
+  def correct(self) -> set[int]:
+    best = max(self.scores)
+    return {i for i, s in enumerate(self.scores) if s == best}
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  name: str  # Task name (file's "name", else the file stem).
+  path: str  # Where it was read from.
+  sha256: str  # Hash of the file's bytes (reports record it).
+  examples: tuple[Example, ...]
+  metrics: tuple[str, ...]  # Metrics to report.
+  fmt: dict[str, Any]  # Prompt-format fields (DEFAULTS overridden by the file).
+
+  def prompt(self, example: Example, shots: Sequence[Example] = ()) -> str:
+    """The model's context for ``example`` (its answer is scored or generated after it)."""
+    f = self.fmt
+    parts = [f["task_prefix"]] if f["task_prefix"] else []
+    for shot in shots:
+      answer = shot.choices[min(shot.correct())] if shot.is_multiple_choice else shot.targets[0]
+      parts.append(self._question(shot) + f["example_output_prefix"] + answer
+                   + f["few_shot_example_separator"])
+    parts.append(self._question(example) + f["example_output_prefix"])
+    return "".join(parts)
+
+  def _question(self, example: Example) -> str:
+    f = self.fmt
+    text = f["example_input_prefix"] + example.input
+    if example.is_multiple_choice and f["append_choices_to_input"]:
+      text += "".join(f["choice_prefix"] + c for c in example.choices)
+    return text
+
+  def shots_for(self, index: int, k: int, seed: int) -> list[Example]:
+    """k examples other than ``examples[index]``, the same for the same (task, index, seed)."""
+    if k <= 0:
+      return []
+    others = [i for i in range(len(self.examples)) if i != index]
+    rng = random.Random(f"{self.name}:{seed}:{index}")
+    return [self.examples[i] for i in rng.sample(others, min(k, len(others)))]
+
+
+def _fail(path, msg: str):
+  raise TaskFormatError(f"{path}: {msg}")
+
+
+def _example(path, i: int, raw: Any) -> Example:
+  where = f"examples[{i}]"
+  if not isinstance(raw, dict) or not isinstance(raw.get("input"), str):
+    _fail(path, f"{where}.input must be a string (BIG-bench JSON task format)")
+  if "target_scores" in raw:
+    ts = raw["target_scores"]
+    if not isinstance(ts, dict) or not ts:
+      _fail(path, f"{where}.target_scores must be a non-empty object option -> score "
+            "(an example without options cannot be ranked)")
+    try:
+      scores = tuple(float(v) for v in ts.values())
+    except (TypeError, ValueError):
+      _fail(path, f"{where}.target_scores values must be numbers")
+    targets = raw.get("target", ())
+    targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    return Example(raw["input"], tuple(str(k) for k in ts), scores, targets)
+  if "target" in raw:
+    t = raw["target"]
+    targets = (t,) if isinstance(t, str) else tuple(t) if isinstance(t, list) else None
+    if not targets or not all(isinstance(x, str) for x in targets):
+      _fail(path, f"{where}.target must be a string or a non-empty list of strings")
+    return Example(raw["input"], targets=targets)
+  _fail(path, f"{where} has neither target_scores nor target")
+  raise AssertionError  # Unreachable.
+
+
+def load_task(path: str) -> Task:
+  """Reads one BIG-bench JSON task file, or a FLAN-layout ``.jsonl`` file, from a path or URI."""
+  p = epath.Path(path)
+  if not p.exists():
+    raise FileNotFoundError(f"task file {path} does not exist")
+  blob = p.read_bytes()
+  digest = hashlib.sha256(blob).hexdigest()
+  if p.name.endswith(".jsonl"):
+    examples = []
+    for n, line in enumerate(blob.decode().splitlines()):
+      if not line.strip():
+        continue
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError as e:
+        _fail(path, f"line {n + 1} is not JSON ({e})")
+      if not isinstance(rec.get("inputs"), str) or not isinstance(rec.get("targets"), str):
+        _fail(path, f"line {n + 1} needs string fields 'inputs' and 'targets' (FLAN layout)")
+      examples.append(Example(rec["inputs"], targets=(rec["targets"],)))
+    fmt = dict(DEFAULTS, example_input_prefix="", example_output_prefix="\n",
+               few_shot_example_separator="\n\n")
+    return Task(p.name[:-len(".jsonl")], str(path), digest, tuple(examples),
+                ("exact_str_match",), fmt)
+  try:
+    raw = json.loads(blob)
+  except json.JSONDecodeError as e:
+    _fail(path, f"not valid JSON ({e})")
+  if not isinstance(raw, dict) or not isinstance(raw.get("examples"), list) or not raw["examples"]:
+    _fail(path, "field 'examples' must be a non-empty list (BIG-bench JSON task format)")
+  fmt = dict(DEFAULTS)
+  for key in DEFAULTS:
+    if key in raw:
+      want = bool if key == "append_choices_to_input" else str
+      if not isinstance(raw[key], want):
+        _fail(path, f"field {key!r} must be a {want.__name__}")
+      fmt[key] = raw[key]
+  examples = tuple(_example(path, i, e) for i, e in enumerate(raw["examples"]))
+  metrics = raw.get("metrics") or (["multiple_choice_grade"] if examples[0].is_multiple_choice
+                                   else ["exact_str_match"])
+  if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+    _fail(path, "field 'metrics' must be a list of strings")
+  known = tuple(m for m in metrics if m in KNOWN_METRICS) or (
+      ("multiple_choice_grade",) if examples[0].is_multiple_choice else ("exact_str_match",))
+  name = raw.get("name") or p.name.rsplit(".", 1)[0]
+  return Task(str(name), str(path), digest, examples, known, fmt)
+
+
+def load_tasks(paths: Sequence[str]) -> tuple[list[Task], dict[str, str]]:
+  """Tasks from files and directories (``*.json`` / ``*.jsonl``, sorted); bad files are reported
+  in the second value (path -> error) and the others still load."""
+  tasks, errors = [], {}
+  for path in paths:
+    p = epath.Path(path)
+    files = (sorted(f for f in p.iterdir() if f.name.endswith((".json", ".jsonl")))
+             if p.is_dir() else [p])
+    for f in files:
+      try:
+        tasks.append(load_task(str(f)))
+      except (TaskFormatError, FileNotFoundError) as e:
+        errors[str(f)] = str(e)
+  return tasks, errors
+
+
+def shipped_tasks_dir() -> str:
+  """The small BIG-bench-format tasks written by this project (tests, demo)."""
+  return str(epath.Path(__file__).parent / "tasks")

@@ -1,8 +1,15 @@
 #!/usr/bin/env python
-"""Evaluate a checkpoint written by train.py: held-out loss, perplexity and accuracy per task.
+"""Evaluate checkpoints written by train.py.
+
+Held-out loss, perplexity and accuracy per task (the default):
 
   python eval.py --workdir DIR [--step N] [--mixture NAME ...] [--max_batches N]
                  [--no_per_task] [--config.key=value ...]
+
+The paper's evaluations, one or more checkpoints side by side (results.json, report.md, PNGs):
+
+  python eval.py --workdir DEC --workdir RED --suite ppl,tasks,length,cost,attention \
+                 [--tasks FILE_OR_DIR ...] [--shots 0,1,5] --output_dir OUT
 
 The model is rebuilt from the config stored with the checkpoint; ``--config.*`` overrides apply
 on top (e.g. ``--config.data.objective=prefix`` scores a DecLLM on the target half of each
@@ -19,7 +26,8 @@ import sys
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--workdir", required=True, help="train.py workdir (or a checkpoint dir)")
+  parser.add_argument("--workdir", required=True, action="append",
+                      help="train.py workdir (or a checkpoint dir); repeat with --suite")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
   parser.add_argument("--mixture", action="append", default=[],
                       help="task/mixture to score (repeatable; default: the run's eval mixture)")
@@ -27,6 +35,18 @@ def main(argv: list[str] | None = None) -> int:
                       help="batches per task (default 0: the whole validation split)")
   parser.add_argument("--no_per_task", action="store_true", help="skip the per-part breakdown")
   parser.add_argument("--json", action="store_true", help="print the JSON report instead")
+  parser.add_argument("--suite", default="",
+                      help="comma-separated evaluations: ppl,tasks,length,cost,attention")
+  parser.add_argument("--tasks", action="append", default=[],
+                      help="--suite tasks: BIG-bench JSON / FLAN jsonl files or directories "
+                           "(default: the small tasks shipped with t5like)")
+  parser.add_argument("--shots", default="0", help="--suite tasks: e.g. 0,1,5")
+  parser.add_argument("--output_dir", default="", help="--suite: where reports go "
+                      "(default: <first workdir>/eval/suite)")
+  parser.add_argument("--max_context", type=int, default=1024,
+                      help="--suite tasks: longest context in tokens")
+  parser.add_argument("--on_long", choices=("truncate", "error"), default="truncate",
+                      help="--suite tasks: cut longer contexts from the left, or fail the task")
   args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
   bad = [r for r in rest if not r.startswith("--config.") or "=" not in r]
   if bad:
@@ -34,9 +54,11 @@ def main(argv: list[str] | None = None) -> int:
   overrides = [r[len("--config."):] for r in rest]
 
   from t5like.config import ConfigError
+  if args.suite:
+    return _suite(args, overrides)
   from t5like.evaluation.checkpoint_eval import evaluate_checkpoint, format_report
   try:
-    report = evaluate_checkpoint(args.workdir, step=args.step, overrides=overrides,
+    report = evaluate_checkpoint(args.workdir[0], step=args.step, overrides=overrides,
                                  mixtures=args.mixture, per_task=not args.no_per_task,
                                  max_batches=args.max_batches)
   except (ConfigError, FileNotFoundError) as e:
@@ -45,6 +67,27 @@ def main(argv: list[str] | None = None) -> int:
   print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
   if "file" in report:
     print(f"report written to {report['file']}")
+  return 0
+
+
+def _suite(args, overrides) -> int:
+  from etils import epath
+  from t5like.evaluation.suite import run_suite
+  if overrides:
+    print("eval error: --config.* overrides do not apply to --suite", file=sys.stderr)
+    return 2
+  out = args.output_dir or str(epath.Path(args.workdir[0]) / "eval" / "suite")
+  try:
+    shots = [int(s) for s in args.shots.split(",") if s.strip()]
+    results = run_suite(args.workdir, [s.strip() for s in args.suite.split(",") if s.strip()],
+                        output_dir=out, step=args.step, task_paths=args.tasks, shots=shots,
+                        max_batches=args.max_batches or 8, max_context=args.max_context,
+                        on_long=args.on_long)
+  except (ValueError, FileNotFoundError) as e:
+    print(f"eval error: {e}", file=sys.stderr)
+    return 2
+  print((epath.Path(out) / "report.md").read_text())
+  print(f"report: {out}/report.md, results: {out}/results.json, plots: {results['plots']}")
   return 0
 
 

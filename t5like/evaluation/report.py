@@ -1,0 +1,102 @@
+"""``eval.py --suite`` report: markdown tables side by side per checkpoint, and PNGs."""
+from __future__ import annotations
+
+from typing import Any
+
+from etils import epath
+
+from t5like.evaluation.plots import figure_grid, save
+
+
+def _table(header, rows) -> list[str]:
+  fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+  return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+          + ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows] + [""])
+
+
+def _names(results) -> dict[str, str]:
+  return {p: f"{epath.Path(p).name} ({c['family']}, step {c['step']})"
+          for p, c in results["checkpoints"].items()}
+
+
+def write_markdown(results: dict[str, Any]) -> str:
+  names = _names(results)
+  ck = results["checkpoints"]
+  md = ["# Evaluation report", "", f"Suites: {', '.join(results['suites'])}.", ""]
+  md += _table(("checkpoint", "path", "config sha256"),
+               [(names[p], c["checkpoint"], c["config_sha256"][:12]) for p, c in ck.items()])
+  if "ppl" in results["suites"]:
+    md += ["## Held-out loss (target halves, same tokens for both families)", ""]
+    md += _table(("checkpoint", "loss", "perplexity", "accuracy", "tokens"), [
+        (names[p], c["ppl"].get("eval_loss", c["ppl"].get("error")),
+         c["ppl"].get("eval_perplexity", "-"), c["ppl"].get("eval_accuracy", "-"),
+         c["ppl"].get("eval_tokens", "-")) for p, c in ck.items()])
+  if "tasks" in results["suites"]:
+    md += ["## Downstream tasks", ""]
+    rows = []
+    for p, c in ck.items():
+      for task, per in c["tasks"].get("tasks", {}).items():
+        for shot in (f"{k}-shot" for k in results["shots"]):
+          m = per.get(shot, {})
+          rows.append((names[p], task, shot, ", ".join(
+              f"{k}={v:.3f}" if isinstance(v, float) else f"{k}: {v}" for k, v in m.items())))
+      if "error" in c["tasks"]:
+        rows.append((names[p], "-", "-", c["tasks"]["error"]))
+    md += _table(("checkpoint", "task", "shots", "scores"), rows)
+    if results.get("task_errors"):
+      md += ["Task files that could not be read:", ""] + [
+          f"- `{f}`: {e}" for f, e in results["task_errors"].items()] + [""]
+  if "length" in results["suites"]:
+    md += ["## Length extrapolation (held-out loss at k x the training length)", ""]
+    md += _table(("checkpoint",) + tuple(f"x{k}" for k in (1, 2, 4, 8)), [
+        (names[p],) + tuple(c["length"].get("loss", {}).get(f"x{k}", "-") for k in (1, 2, 4, 8))
+        for p, c in ck.items()])
+  if "cost" in results["suites"]:
+    md += ["## Inference cost (analytic forward FLOPs per sequence, docs/flops.md)", ""]
+    rows = []
+    for p, c in ck.items():
+      for lengths, f in c["cost"].get("flops", {}).items():
+        rows.append((names[p], lengths, f["prefill"], f["decode"], f["total"]))
+    md += _table(("checkpoint", "input+output", "prefill", "decode", "total"), rows)
+    md += ["Measured with the KV cache:", ""] + [
+        f"- {names[p]}: {c['cost'].get('measured')}" for p, c in ck.items()] + [""]
+  if "attention" in results["suites"]:
+    md += ["## Attention maps (mean over heads and held-out rows)", ""]
+    rows = [(names[p], l["stack"], l["layer"], l["normalized_rank"],
+             l["normalized_effective_rank"], l["dong_ratio"], l["mean_distance"])
+            for p, c in ck.items() for l in c["attention"].get("layers", [])]
+    md += _table(("checkpoint", "stack", "layer", "rank/len", "eff. rank/len", "Dong ratio",
+                  "mean distance"), rows)
+    md += [f"![{c['attention']['heatmaps']}]({c['attention']['heatmaps']})"
+           for c in ck.values() if "heatmaps" in c.get("attention", {})] + [""]
+  md += [f"![{png}]({png})" for png in results.get("plots", [])]
+  return "\n".join(md) + "\n"
+
+
+def plots(results: dict[str, Any], output_dir: str) -> list[str]:
+  """Length curves of every checkpoint, and quality vs inference FLOPs when several are given."""
+  names, ck, out = _names(results), results["checkpoints"], []
+  curves = {p: c["length"]["loss"] for p, c in ck.items() if "loss" in c.get("length", {})}
+  if curves:
+    fig, axes = figure_grid(1, 1, cell=4.0)
+    ax = axes[0, 0]
+    for p, curve in curves.items():
+      ax.plot([1, 2, 4, 8], [curve[f"x{k}"] for k in (1, 2, 4, 8)], marker="o", label=names[p])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("evaluation length / training length")
+    ax.set_ylabel("held-out loss (nats / target token)")
+    ax.legend(fontsize=7)
+    out.append(epath.Path(save(fig, epath.Path(output_dir) / "length_extrapolation.png")).name)
+  points = [(c["cost"]["flops"][next(iter(c["cost"]["flops"]))]["total"],
+             c["ppl"]["eval_loss"], names[p]) for p, c in ck.items()
+            if "flops" in c.get("cost", {}) and "eval_loss" in c.get("ppl", {})]
+  if len(points) >= 2:
+    fig, axes = figure_grid(1, 1, cell=4.0)
+    ax = axes[0, 0]
+    for f, loss, name in points:
+      ax.scatter([f], [loss], label=name)
+    ax.set_xlabel("inference FLOPs per sequence (first cost length)")
+    ax.set_ylabel("held-out loss")
+    ax.legend(fontsize=7)
+    out.append(epath.Path(save(fig, epath.Path(output_dir) / "quality_vs_cost.png")).name)
+  return out

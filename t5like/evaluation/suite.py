@@ -1,0 +1,141 @@
+"""``eval.py --suite``: the paper's evaluations of one or more checkpoints, side by side.
+
+Suites: ``ppl`` (held-out loss on the target halves, like for like across families), ``tasks``
+(zero-/few-shot BIG-bench-format tasks), ``length`` (held-out loss at 1x-8x the training length),
+``cost`` (analytic inference FLOPs per sequence; measured sequences/s with the KV cache when
+``t5like.inference`` is installed in this checkout), ``attention`` (rank, Dong ratio, locality,
+heatmaps). Writes ``results.json`` (every number, checkpoint path, step, config hash, task file
+hashes), ``report.md`` and PNGs into the output directory. A suite that fails for one checkpoint
+is recorded with its error; the others still run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from typing import Any, Sequence
+
+from etils import epath
+
+from t5like.evaluation import bigbench, cost
+
+log = logging.getLogger(__name__)
+SUITES = ("ppl", "tasks", "length", "cost", "attention")
+FACTORS = (1, 2, 4, 8)
+
+
+def _train_lengths(cfg) -> tuple[int, int]:
+  """(input, target) lengths the model was trained with (DecLLM causal: halves of a sequence)."""
+  if cfg.model.family == "redllm" or cfg.data.objective in ("prefix", "inputs_targets"):
+    return cfg.data.inputs_length, cfg.data.targets_length
+  return cfg.data.sequence_length // 2, cfg.data.sequence_length - cfg.data.sequence_length // 2
+
+
+def _ppl(path, step, max_batches, overrides=()):
+  from t5like.evaluation.checkpoint_eval import evaluate_checkpoint
+  report = evaluate_checkpoint(path, step=step, overrides=["data.objective=prefix", *overrides],
+                               per_task=False, max_batches=max_batches, write=False)
+  (scores,) = report["results"].values()
+  return scores
+
+
+def _length(path, step, cfg, max_batches):
+  inp, tgt = _train_lengths(cfg)
+  curve = {}
+  for k in FACTORS:
+    curve[f"x{k}"] = _ppl(path, step, max_batches, (
+        f"data.inputs_length={k * inp}", f"data.targets_length={k * tgt}",
+        f"data.sequence_length={k * (inp + tgt)}", "train.eval_batch_size=4"))["eval_loss"]
+  return {"train_input_length": inp, "train_target_length": tgt, "loss": curve}
+
+
+def _cost(model, cfg, lengths: Sequence[tuple[int, int]]) -> dict[str, Any]:
+  out: dict[str, Any] = {"flops": {f"{n}+{m}": cost.inference_flops(cfg.model, n, m)
+                                   for n, m in lengths}}
+  try:
+    from t5like.inference import generate
+  except ImportError:
+    out["measured"] = "t5like.inference is not available in this checkout"
+    return out
+  n, m = lengths[0]
+  prompts = [[3 + (i * 7 + j) % 200 for j in range(n)] for i in range(8)]
+  generate(model, prompts, max_new_tokens=m, eos_id=-1)  # Compile.
+  t0 = time.perf_counter()
+  outs = generate(model, prompts, max_new_tokens=m, eos_id=-1)
+  secs = time.perf_counter() - t0
+  out["measured"] = {"batch": 8, "input": n, "output": m, "sequences_per_s": 8 / secs,
+                     "new_tokens_per_s": sum(len(o) for o in outs) / secs}
+  return out
+
+
+def _attention(model, cfg, output_dir, tag):
+  from t5like.data import pipeline
+  from t5like.evaluation import attention_analysis as aa
+  it = pipeline.make_iterator(cfg, split="validation", batch_size=4, shuffle=False,
+                              repeat=False)
+  try:
+    batch = next(iter(it))
+  finally:
+    if hasattr(it, "close"):
+      it.close()
+  maps = aa.attention_maps(model, batch)
+  png = epath.Path(output_dir) / f"attention_{tag}.png"
+  aa.plot_heads(maps[:4], png, title=f"{tag}: attention maps, held-out row 0")
+  return {"layers": aa.summarize(maps), "heatmaps": png.name}
+
+
+def evaluate_one(path: str, suites: Sequence[str], *, step: int | None, tasks, shots,
+                 output_dir: str, max_batches: int, max_context: int, on_long: str,
+                 cost_lengths: Sequence[tuple[int, int]]) -> dict[str, Any]:
+  from t5like.config import to_json
+  from t5like.data.vocab import get_vocabulary
+  from t5like.evaluation.checkpoint_eval import restore_model
+  from t5like.evaluation.downstream import score_tasks
+  model, cfg, step_dir = restore_model(path, step=step, overrides=["data.objective=prefix"])
+  tag = epath.Path(path).name or "model"
+  out: dict[str, Any] = {"checkpoint": step_dir, "step": int(epath.Path(step_dir).name),
+                         "family": cfg.model.family,
+                         "decoder_attention": cfg.model.decoder_attention,
+                         "config_sha256": hashlib.sha256(to_json(cfg).encode()).hexdigest()}
+  jobs = {
+      "ppl": lambda: _ppl(path, step, max_batches),
+      "tasks": lambda: score_tasks(model, get_vocabulary(cfg.data.vocab_path), tasks,
+                                   shots=shots, max_context=max_context, on_long=on_long),
+      "length": lambda: _length(path, step, cfg, max_batches),
+      "cost": lambda: _cost(model, cfg, cost_lengths),
+      "attention": lambda: _attention(model, cfg, output_dir, tag)}
+  for name in suites:
+    try:
+      out[name] = jobs[name]()
+    except Exception as e:  # noqa: BLE001 — recorded; the other suites still run.
+      log.exception("suite %s failed for %s", name, path)
+      out[name] = {"error": f"{type(e).__name__}: {e}"}
+  return out
+
+
+def run_suite(paths: Sequence[str], suites: Sequence[str], *, output_dir: str,
+              step: int | None = None, task_paths: Sequence[str] = (),
+              shots: Sequence[int] = (0,), max_batches: int = 8, max_context: int = 1024,
+              on_long: str = "truncate",
+              cost_lengths: Sequence[tuple[int, int]] = ((128, 64), (512, 128))) -> dict:
+  bad = [s for s in suites if s not in SUITES]
+  if bad:
+    raise ValueError(f"unknown suite(s) {bad}; choose from {', '.join(SUITES)}")
+  out = epath.Path(output_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  tasks, task_errors = bigbench.load_tasks(list(task_paths) or [bigbench.shipped_tasks_dir()])
+  results = {"suites": list(suites), "shots": list(shots), "task_errors": task_errors,
+             "task_files": {t.path: t.sha256 for t in tasks}, "checkpoints": {}}
+  for path in paths:
+    log.info("evaluating %s: %s", path, ", ".join(suites))
+    results["checkpoints"][path] = evaluate_one(
+        path, suites, step=step, tasks=tasks, shots=shots, output_dir=output_dir,
+        max_batches=max_batches, max_context=max_context, on_long=on_long,
+        cost_lengths=cost_lengths)
+  from t5like.evaluation.report import plots, write_markdown
+  results["plots"] = plots(results, output_dir)
+  (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True, default=str))
+  (out / "report.md").write_text(write_markdown(results))
+  return results
+

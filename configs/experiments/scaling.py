@@ -11,9 +11,9 @@ from t5like.experiments.spec import ExperimentSpec, RunSpec
 # (name, d_model, DecLLM layers, RedLLM layers per stack)
 SIZES = (("d64", 64, 2, 1), ("d96", 96, 2, 1), ("d128", 128, 4, 2), ("d160", 160, 4, 2),
          ("d192", 192, 6, 3))
-BUDGET = {  # steps, batch size, warmup, held-out batches, seeds
-    "quick": (24, 8, 2, 2, (0,)),
-    "full": (400, 16, 20, 16, (0,)),
+BUDGET = {  # steps, batch size, warmup, held-out batches, seeds, sizes
+    "quick": (24, 8, 2, 2, (0,), ("d64", "d128", "d192")),  # 3 sizes: the fewest a fit takes.
+    "full": (400, 16, 20, 16, (0,), tuple(s[0] for s in SIZES)),
 }
 PAPER_SIZES = ("150m", "1b", "2b", "4b", "8b")
 
@@ -26,10 +26,10 @@ def _model(family: str, d: int, dec_layers: int, red_layers: int) -> tuple[str, 
 
 
 def get_experiment(budget: str = "quick") -> ExperimentSpec:
-  steps, batch, warmup, eval_batches, seeds = BUDGET[budget]
+  steps, batch, warmup, eval_batches, seeds, sizes = BUDGET[budget]
   runs = []
   for family in ("decllm", "redllm"):
-    for name, d, dl, rl in SIZES:
+    for name, d, dl, rl in (s for s in SIZES if s[0] in sizes):
       for seed in seeds:
         loop = (f"train.steps={steps}", f"train.batch_size={batch}",
                 f"train.warmup_steps={warmup}", "train.eval_every=0", "train.eval_steps=0",
@@ -58,7 +58,7 @@ def get_experiment(budget: str = "quick") -> ExperimentSpec:
                  "fits (log scale) for 'supported'; higher by as much is 'contradicted'; "
                  "otherwise 'inconclusive'. Frontier: more than half of the Pareto-optimal "
                  "(FLOPs, loss) runs are DecLLM."),
-      scale_note=(f"{len(SIZES)} sizes x 2 families x {len(seeds)} seed(s), {steps} steps of "
+      scale_note=(f"{len(sizes)} sizes x 2 families x {len(seeds)} seed(s), {steps} steps of "
                   f"{batch} x 128 tokens each (the paper: 400K steps of 2048 x 2048), embedded "
                   "8k vocabulary, peak learning rate 0.1 for every size. At the quick budget the "
                   "runs only check the plumbing: expect 'inconclusive'."),

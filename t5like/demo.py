@@ -60,9 +60,33 @@ def main(argv: list[str] | None = None) -> int:
           f"{m['eval_perplexity']:>8.1f} {m['eval_accuracy']:>6.3f} {extra:>14}")
   print("\nRedLLM learns from half the target tokens per step (the encoder half carries no loss), "
         "as in the paper's pretraining.")
+  _suite_report([os.path.join(args.workdir, f"tiny_{f}") for f in ("decllm", "redllm")],
+                os.path.join(args.workdir, "report"))
   print("Losses are nats per target token. Reports: <workdir>/eval/step_<N>.json; training "
         "metrics: <workdir>/metrics.jsonl and TensorBoard events in <workdir>/tensorboard.")
   return 0
+
+
+def _suite_report(workdirs: list[str], output_dir: str) -> None:
+  """eval.py --suite on both checkpoints: held-out loss, tasks, length extrapolation, inference
+  cost and attention maps, into one side-by-side report."""
+  from t5like.evaluation.suite import run_suite
+  print(f"\n=== the paper's evaluations, side by side ({output_dir}) ===", flush=True)
+  res = run_suite(workdirs, ["ppl", "tasks", "length", "cost", "attention"], output_dir=output_dir,
+                  shots=[0, 1], max_batches=4)
+  names = {p: f"{os.path.basename(p)}" for p in workdirs}
+  for p, c in res["checkpoints"].items():
+    tasks = c.get("tasks", {}).get("tasks", {})
+    grades = ", ".join(
+        f"{t} {s}: {m.get('multiple_choice_grade', m.get('exact_str_match', 0.0)):.2f}"
+        for t, per in tasks.items() for s, m in per.items()
+        if s.endswith("shot") and isinstance(m, dict) and "error" not in m)
+    curve = c.get("length", {}).get("loss", {})
+    print(f"{names[p]:<12} length x1..x8 loss: "
+          + " ".join(f"{v:.3f}" for v in curve.values()) + f" | {grades}")
+  print(f"report: {output_dir}/report.md (tables), plots: "
+        + ", ".join(res["plots"] + [c["attention"]["heatmaps"] for c in res["checkpoints"].values()
+                                    if "heatmaps" in c.get("attention", {})]))
 
 
 if __name__ == "__main__":

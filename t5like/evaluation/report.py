@@ -83,6 +83,7 @@ def plots(results: dict[str, Any], output_dir: str) -> list[str]:
     for p, curve in curves.items():
       ax.plot([1, 2, 4, 8], [curve[f"x{k}"] for k in (1, 2, 4, 8)], marker="o", label=names[p])
     ax.set_xscale("log", base=2)
+    ax.set_xticks([1, 2, 4, 8], ["1x", "2x", "4x", "8x"])
     ax.set_xlabel("evaluation length / training length")
     ax.set_ylabel("held-out loss (nats / target token)")
     ax.legend(fontsize=7)

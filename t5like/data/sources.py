@@ -161,7 +161,7 @@ def _open_binary(path: str) -> io.BufferedIOBase:
   import zstandard  # pylint: disable=g-import-not-at-top
 
   reader = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
-  return io.BufferedReader(reader, buffer_size=1 << 18)  # Thousands may be open at once.
+  return io.BufferedReader(reader, buffer_size=1 << 16)  # Thousands may be open at once.
 
 
 def iter_records(path: str, schema: RecordSchema, *, policy: str = "skip",
@@ -267,12 +267,16 @@ def _open_at(path: str, index: int, chunk_size: int):
 
 
 def read_chunk(path: str, index: int, schema: RecordSchema, *, policy: str, label: str,
-               chunk_size: int) -> tuple[bool, list[list[bytes]]]:
+               chunk_size: int, max_lines: int | None = None
+               ) -> tuple[bool, list[list[bytes]]]:
   """Reads lines ``[index*chunk_size, (index+1)*chunk_size)`` of a shard, parsed and checked.
 
   Returns ``(done, columns)``: ``done`` is True when the chunk starts past the end of the file;
-  ``columns`` holds one list of encoded values per schema field (good records only).
+  ``columns`` holds one list of encoded values per schema field (good records only). With
+  ``max_lines``, chunks past that line are empty and the stream is closed once it is reached.
   """
+  if max_lines is not None and index * chunk_size >= max_lines:
+    return True, [[] for _ in schema.fields]
   stream = _CACHE.pop(path, index)
   if stream is None:
     stream = _open_at(path, index, chunk_size)
@@ -291,7 +295,7 @@ def read_chunk(path: str, index: int, schema: RecordSchema, *, policy: str, labe
       stats.add("ok")
       for col, name in zip(columns, schema.fields):
         col.append(record[name])
-  if n_lines == chunk_size:
+  if n_lines == chunk_size and (max_lines is None or (index + 1) * chunk_size < max_lines):
     _CACHE.put(path, index + 1, stream, offset=stream.tell())
   else:
     stream.close()
@@ -299,7 +303,7 @@ def read_chunk(path: str, index: int, schema: RecordSchema, *, policy: str, labe
 
 
 def jsonl_dataset(filename: tf.Tensor, schema: RecordSchema, *, policy: str, label: str,
-                  chunk_size: int = 256) -> tf.data.Dataset:
+                  chunk_size: int = 256, max_lines: int | None = None) -> tf.data.Dataset:
   """tf.data reader of one jsonl(.zst) shard: a dataset of ``{field: tf.string}`` records.
 
   Checkpointable: the state is the chunk counter plus the position inside the current chunk; the
@@ -310,7 +314,8 @@ def jsonl_dataset(filename: tf.Tensor, schema: RecordSchema, *, policy: str, lab
 
   def _py_read(path: tf.Tensor, index: tf.Tensor):
     done, columns = read_chunk(path.numpy().decode("utf-8"), int(index.numpy()), schema,
-                               policy=policy, label=label, chunk_size=chunk_size)
+                               policy=policy, label=label, chunk_size=chunk_size,
+                               max_lines=max_lines)
     return [np.bool_(done)] + [np.array(c, dtype=object) for c in columns]
 
   def _read(index: tf.Tensor):

@@ -205,14 +205,15 @@ def _wanted_subsets(spec: CorpusSpec, present: list[str] | None = None) -> list[
 
 
 def _capped_reader(filename, *, cap: int, **kwargs):
-  return sources.jsonl_dataset(filename, **kwargs).take(cap)
+  # Stop reading (and close the file) at the cap: an open stream per big task would pile up.
+  return sources.jsonl_dataset(filename, max_lines=cap, **kwargs).take(cap)
 
 
 def _register_flan_grouped(spec: CorpusSpec) -> tuple[list[str], list[str]]:
   """One seqio task per sub-mixture reading all its task files (``flan_grouping="submixture"``).
 
   A pipeline per task costs ~1 s of tf.data tracing each at start-up (30 min for FLAN's ~1.8k
-  tasks); here a sub-mixture's files are interleaved 64 at a time, one record each in turn, and
+  tasks); here a sub-mixture's files are interleaved 32 at a time, one record each in turn, and
   each file gives at most ``cap`` records per epoch, so over an epoch every task contributes
   min(#examples, cap): examples-proportional mixing with a cap, as with one task each, except
   that a task above the cap repeats the same ``cap`` examples (its first) every epoch.
@@ -245,7 +246,7 @@ def _register_flan_grouped(spec: CorpusSpec) -> tuple[list[str], list[str]]:
                                policy=spec.bad_records, label=name)
     src = seqio.FileDataSource(read_file_fn=reader, split_to_filepattern=split_files,
                                caching_permitted=False, block_length=1,
-                               cycle_length=min(len(split_files["train"]), 64))
+                               cycle_length=min(len(split_files["train"]), 32))
     task = _make_task(name, src, spec)
     seqio.TaskRegistry.add_provider(name, task)
     _TASK_STATS[name] = functools.partial(_live_stats, name)

@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.error(f"unrecognised arguments {bad}; overrides look like --config.data.seed=1")
   overrides = [r[len("--config."):] for r in rest]
 
+  from t5like import runtime
   from t5like.config import ConfigError
+  runtime.init_tensorflow()  # TF (data only) off accelerators, no false cuInit error on CPU.
   if args.suite:
     return _suite(args, overrides)
   from t5like.evaluation.checkpoint_eval import evaluate_checkpoint, format_report

@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
   if args.print_config:
     print(to_json(cfg))
     return 0
+  from t5like import runtime
+  runtime.init_tensorflow()  # TF (data only) off accelerators, no false cuInit error on CPU.
   name = os.path.splitext(os.path.basename(args.config))[0]
   workdir = args.workdir or os.path.join("runs", name)
   from t5like.training import run

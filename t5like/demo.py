@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--steps", type=int, default=0, help="training steps (default: the config's)")
   args = parser.parse_args(argv)
 
+  from t5like import runtime
   from t5like.config import load_config
+  runtime.init_tensorflow()
   from t5like.evaluation.checkpoint_eval import evaluate_checkpoint, format_report
   from t5like.training import run
 

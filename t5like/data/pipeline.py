@@ -304,6 +304,8 @@ def make_iterator(cfg, *, split: str = "train", batch_size: int, shard_index: in
   """
   import seqio  # pylint: disable=g-import-not-at-top
 
+  from t5like import runtime
+  runtime.init_tensorflow()  # Before tf.data builds anything: TF stays on the CPU.
   if mixture is None:
     mixture = cfg.data.mixture if split == "train" else (cfg.data.eval_mixture or cfg.data.mixture)
   ds = make_dataset(cfg, split=split, batch_size=batch_size, shard_index=shard_index,

@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
       print("\n".join(paper_commands(load_experiment(name, budget), args.workdir_root,
                                      args.data_dir, args.flan_dir)))
     return 0
+  from t5like import runtime
+  runtime.init_tensorflow()
   _compilation_cache(args.output_dir)
   for name in names:
     out = args.output_dir if len(names) == 1 else os.path.join(args.output_dir, name)

@@ -6,8 +6,8 @@
 
 Times the jitted train step (forward, backward, clipping, Adafactor; synthetic batches already on
 device, so the data pipeline is not measured) and prints one table: tokens/s counts every input
-position (encoder + decoder), model FLOPs follow PAPER.md §4 (t5like.training.flops), MFU is
-against the device peak (default: the CPU table of ANCHORS.md, f32 569 / bf16 1026 GFLOP/s for
+position (encoder + decoder), model FLOPs follow docs/flops.md (t5like.training.flops), MFU is
+against the device peak (default: the CPU table of docs/performance.md, f32 569 / bf16 1026 GFLOP/s for
 the machine). Median over ``--steps`` steps after one warm-up (compilation) step.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from t5like.training.data import SyntheticData, global_batch  # noqa: E402
 
 
 def small_config(family: str) -> Config:
-  """The ANCHORS.md comparison shape: d512, 8 x 64 heads, SwiGLU 1408, vocab 8192; DecLLM L4 at
+  """The comparison shape of docs/performance.md: d512, 8 x 64 heads, SwiGLU 1408, vocab 8192; DecLLM L4 at
   S256, RedLLM 2+2 layers at 128 input + 128 target."""
   cfg = Config()
   cfg.model = ModelConfig(family=family, vocab_size=8192, d_model=512, num_heads=8, head_dim=64,
@@ -98,7 +98,7 @@ def main() -> None:
       rows.append(measure(name, cfg, args.steps, args.peak))
       print(f"  measured {name} {dtype}", file=sys.stderr, flush=True)
   print(f"\ndevice: {jax.devices()[0].device_kind} x {jax.device_count()}; "
-        f"FLOPs: PAPER.md §4 convention; median of {args.steps} steps\n")
+        f"FLOPs: docs/flops.md convention; median of {args.steps} steps\n")
   head = ("config", "family", "params (M)", "dtype", "batch x len", "step ms", "tokens/s",
           "GFLOP/s", "MFU", "compile s")
   print("| " + " | ".join(head) + " |")

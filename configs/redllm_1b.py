@@ -1,4 +1,4 @@
-"""Paper pretraining (PAPER.md §1), RedLLM 1B.
+"""Paper pretraining (docs/paper.md §1), RedLLM 1B.
 
 Needs --config.data.data_dir=<RedPajama V1 root>.
 """

@@ -67,7 +67,7 @@ class DataConfig:
   pack: bool = True  # Pack several examples per row with seqio's packing (segment ids 0 = padding).
   mixture_rates: dict[str, float] = dataclasses.field(default_factory=dict)  # Rate overrides by
   #   subset / sub-mixture / task name, e.g. {"common_crawl": 2.0, "book": 0}; 0 drops that part.
-  #   Defaults: RedPajama subsets by token count (PAPER.md §3), FLAN tasks by capped example count.
+  #   Defaults: RedPajama subsets by token count (docs/paper.md §3), FLAN tasks by capped example count.
   flan_example_cap: int = 30_000  # Examples-proportional mixing cap per FLAN task (T5/FLAN style).
   flan_grouping: str = "task"  # FLAN pipelines (jsonl source): "task" = one per task (exact seqio
   #   mixing, any per-task rate; start-up costs ~1 s per task), "submixture" = one per

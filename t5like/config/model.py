@@ -1,4 +1,4 @@
-"""Model architecture config shared by DecLLM and RedLLM (PAPER.md §1)."""
+"""Model architecture config shared by DecLLM and RedLLM (docs/paper.md §1)."""
 from __future__ import annotations
 
 import dataclasses
@@ -99,7 +99,7 @@ class ModelConfig:
     return self
 
 
-# The paper's sizes (PAPER.md §1: d_h = 128, FFN = 4d, vocab 32,768, all embeddings tied).
+# The paper's sizes (docs/paper.md §1: d_h = 128, FFN = 4d, vocab 32,768, all embeddings tied).
 # name -> (d_model, num_heads, DecLLM layers, RedLLM encoder layers, RedLLM decoder layers)
 PAPER_SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "150m": (1024, 8, 8, 3, 3),

@@ -1,4 +1,4 @@
-"""Training, mesh, checkpoint and multi-process config (PAPER.md §1 "Training").
+"""Training, mesh, checkpoint and multi-process config (docs/paper.md §1 "Training").
 
 Defaults are the paper's pretraining hyper-parameters; ``configs/*.py`` change what differs
 (instruction tuning: constant 1e-3, no z-loss; tiny CPU configs: few steps, small batches).

@@ -11,7 +11,7 @@ Which converter runs (``model.family`` and the resolved objective):
       + the decoder keys, then `continuous_decoder_positions`.
 
 This module owns the one step seqio lacks: RedLLM's decoder positions continue after that packed
-segment's encoder length (PAPER.md "Continuous positions"). Without packing seqio emits no
+segment's encoder length (docs/paper.md "Continuous positions"). Without packing seqio emits no
 segment ids / positions; `add_unpacked_segments` fills them (segment 1 = tokens, 0 = padding) so
 the model always sees the same keys.
 """

@@ -1,4 +1,4 @@
-"""Training objectives as seqio preprocessors (PAPER.md §1 "Training").
+"""Training objectives as seqio preprocessors (docs/paper.md §1 "Training").
 
 Pretraining tasks read plain documents (``text``); after tokenisation each document gets an EOS.
 Two chunkings (``data.pretrain_chunking``) turn documents into chunks of ``chunk`` tokens:

@@ -39,7 +39,7 @@ with epy.lazy_imports():  # TensorFlow loads on first use: listing names stays c
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 REDPAJAMA_SUBSETS = ("arxiv", "book", "c4", "common_crawl", "github", "stackexchange", "wikipedia")
-# Approximate token counts of RedPajama V1 in billions (PAPER.md §3): the default mixing rates.
+# Approximate token counts of RedPajama V1 in billions (docs/paper.md §3): the default mixing rates.
 REDPAJAMA_TOKENS_B = {
     "common_crawl": 878.0, "c4": 175.0, "github": 59.0, "book": 26.0, "arxiv": 28.0,
     "wikipedia": 24.0, "stackexchange": 20.0,

@@ -3,7 +3,7 @@
 Names (``data.mixture``) form a hierarchy ``<corpus>[.<part>[.<task>]]``:
 
   embedded_redpajama, embedded_redpajama.<subset>     the embedded corpus; rates ∝ token counts
-  redpajama_v1, redpajama_v1.<subset>                 ``data.data_dir``; rates = PAPER.md §3 tokens
+  redpajama_v1, redpajama_v1.<subset>                 ``data.data_dir``; rates = docs/paper.md §3 tokens
   embedded_flan, embedded_flan.<submixture>, embedded_flan.<submixture>.<task>
   flan, flan.<submixture>, flan.<submixture>.<task>   ``data.data_dir`` in FLAN layout
 
@@ -42,7 +42,7 @@ class CorpusSpec:
   validation_root: str = ""  # RedPajama held-out root ("" = no validation split).
   variant: str = "lm"  # Objective variant: "lm", "prefix_middle", "prefix_random" or "it".
   rates: tuple[tuple[str, float], ...] = ()  # Rate overrides (name, rate).
-  rate_by_tokens: bool = False  # RedPajama: rates ∝ measured token counts instead of PAPER.md.
+  rate_by_tokens: bool = False  # RedPajama: rates ∝ measured token counts instead of docs/paper.md §3.
   cap: int = 30_000  # FLAN examples-proportional cap.
   source: str = "jsonl"  # "jsonl" or "tfds".
   tfds_data_dir: str = ""  # TFDS conversion directory ("" = a cache directory per corpus).

@@ -1,4 +1,4 @@
-"""Multi-head dot-product attention for self- and cross-attention (PAPER.md §1).
+"""Multi-head dot-product attention for self- and cross-attention (docs/paper.md §1).
 
 DecLLM: ``softmax(LN(Q) LN(K)^T / sqrt(d_h)) LN(V)``; RedLLM adds ``LN`` on the attention output
 (``attn_out_norm``), per head or over all heads, before the output projection. RoPE rotates

@@ -1,4 +1,4 @@
-"""DecLLM: the decoder-only baseline (PAPER.md §1), causal or with a bidirectional prefix.
+"""DecLLM: the decoder-only baseline (docs/paper.md §1), causal or with a bidirectional prefix.
 
 Input: the arrays of one seqio Decoder/PrefixLM batch —
 ``decoder_input_tokens`` [batch, length], optional ``decoder_segment_ids`` (packing; default one

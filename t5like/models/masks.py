@@ -5,7 +5,7 @@ Segment id 0 marks padding; tokens only see tokens of their own (non-zero) segme
 examples never see each other.
 
 Bidirectional pairs (the RedLLM encoder, the flagged prefix of a PrefixLM decoder) can be replaced
-by triangular maps (PAPER.md §2, "mixed forward/backward attention"): a *forward* head keeps the
+by triangular maps (docs/paper.md §2, "mixed forward/backward attention"): a *forward* head keeps the
 causal triangle, a *backward* head sees keys at or after the query inside the bidirectional
 region and stays causal elsewhere (it never sees the future of a causal token).
 """

@@ -1,4 +1,4 @@
-"""RedLLM: the revisited encoder-decoder (PAPER.md §1).
+"""RedLLM: the revisited encoder-decoder (docs/paper.md §1).
 
 Bidirectional encoder + decoder with causal self-attention and cross-attention; RoPE in all three
 with continuous positions (decoder position = that example's encoder length + t; queries rotated

@@ -1,4 +1,4 @@
-"""Model FLOPs by the PAPER.md §4 (MaxText) convention, and device peaks for MFU.
+"""Model FLOPs by the docs/flops.md (MaxText) convention, and device peaks for MFU.
 
 Per layer, forward, B sequences of length S: SwiGLU FFN ``6·B·S·d·d_ff``; Q/K/V projections
 ``2·B·S·d·(H_q + 2·H_kv)·d_h``; output projection ``2·B·S·d·H_q·d_h``; attention scores and
@@ -66,7 +66,7 @@ _PEAKS = (
     ("tpu v5", 459e12), ("tpu v4", 275e12), ("tpu v3", 123e12), ("h200", 989e12),
     ("h100", 989e12), ("a100", 312e12), ("l4", 121e12),
 )
-# This project's 2-vCPU CPU box (ANCHORS.md): f32 FMA 569 GFLOP/s, bf16 with f32 accumulation
+# This project's 2-vCPU CPU box (docs/performance.md): f32 FMA 569 GFLOP/s, bf16 with f32 accumulation
 # ~1,026 GFLOP/s, for the whole machine (host-platform "devices" share the same cores).
 CPU_PEAK_F32 = 569e9
 CPU_PEAK_BF16 = 1026e9

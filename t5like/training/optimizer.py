@@ -28,7 +28,7 @@ Axes = tuple[str | None, ...]
 
 
 def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
-  """PAPER.md §1: linear warmup to the peak then cosine to ``final_lr_fraction``; or constant."""
+  """docs/paper.md §1: linear warmup to the peak then cosine to ``final_lr_fraction``; or constant."""
   peak = cfg.learning_rate
   if cfg.schedule == "constant":
     return optax.constant_schedule(peak)

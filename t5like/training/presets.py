@@ -6,7 +6,7 @@ missing) and ``--config.data.vocab_path=<32,768-piece SentencePiece model>`` (bu
 ``--config.data.validation_holdout`` (or ``validation_dir``). Runs check all three at start-up,
 before compiling (``t5like.data.checks``).
 
-- ``paper_pretraining(family, size)``: PAPER.md §1 pretraining — RedPajama V1, 400K steps, batch
+- ``paper_pretraining(family, size)``: docs/paper.md §1 pretraining — RedPajama V1, 400K steps, batch
   2048, DecLLM length 2048 / RedLLM 1024 input + 1024 target (mid split), Adafactor 0.8, warmup 2k
   to 0.01 then cosine to 0.1x, clipping 1.0, dropout 0, z-loss 1e-4, bf16 compute.
 - ``paper_instruction_tuning(family, size, prefix)``: FLAN, 190K steps, batch 1024, 2048 input /
@@ -112,7 +112,7 @@ def _tiny_loop(cfg: Config, steps: int) -> None:
   t = cfg.train
   t.steps, t.batch_size = steps, 8
   t.log_every, t.eval_every, t.eval_steps, t.eval_batch_size = 25, max(steps // 2, 1), 8, 16
-  t.peak_flops_per_device = 0.0  # CPU lookup (ANCHORS.md measured peaks).
+  t.peak_flops_per_device = 0.0  # CPU lookup (docs/performance.md).
   cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, 1
   _checkpointing(cfg, max(steps // 4, 1))
 

@@ -20,8 +20,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m t5like.demo
 
+# Two pytest workers (pytest-xdist): most of a test's time is single-threaded XLA compilation.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 $(PYTEST_ARGS)
 
 # Longer end-to-end checks (marked `slow`), excluded from `make test`.
 test-slow: $(STAMP)

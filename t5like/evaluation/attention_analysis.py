@@ -108,6 +108,18 @@ def attention_maps(model, batch: Mapping[str, jax.Array]) -> list[LayerMaps]:
   return maps + dec_maps
 
 
+def held_out_batch(cfg, rows: int) -> dict[str, np.ndarray]:
+  """The first ``rows`` rows of the run's validation split (unshuffled): the analysed tokens."""
+  from t5like.data import pipeline
+  it = pipeline.make_iterator(cfg, split="validation", batch_size=rows, shuffle=False,
+                              repeat=False)
+  try:
+    return next(iter(it))
+  finally:
+    if hasattr(it, "close"):
+      it.close()
+
+
 def numerical_rank(p_ts: np.ndarray) -> tuple[int, np.ndarray]:
   """(rank, singular values / largest) with the usual tolerance max(t, s) * eps32 * sigma_max."""
   sv = np.linalg.svd(np.asarray(p_ts, np.float64), compute_uv=False)

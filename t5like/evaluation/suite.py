@@ -70,16 +70,8 @@ def _cost(model, cfg, lengths: Sequence[tuple[int, int]]) -> dict[str, Any]:
 
 
 def _attention(model, cfg, output_dir, tag):
-  from t5like.data import pipeline
   from t5like.evaluation import attention_analysis as aa
-  it = pipeline.make_iterator(cfg, split="validation", batch_size=4, shuffle=False,
-                              repeat=False)
-  try:
-    batch = next(iter(it))
-  finally:
-    if hasattr(it, "close"):
-      it.close()
-  maps = aa.attention_maps(model, batch)
+  maps = aa.attention_maps(model, aa.held_out_batch(cfg, 4))
   png = epath.Path(output_dir) / f"attention_{tag}.png"
   aa.plot_heads(maps[:4], png, title=f"{tag}: attention maps, held-out row 0")
   return {"layers": aa.summarize(maps), "heatmaps": png.name}

@@ -22,18 +22,10 @@ def _summary(result: dict[str, Any], rows: int, output_dir: str) -> list[dict[st
     saved = json.loads(cache.read_text())
     if saved.get("digest") == result["digest"] and saved.get("rows") == rows:
       return saved["layers"]
-  from t5like.data import pipeline
   from t5like.evaluation import attention_analysis as aa
   from t5like.evaluation.checkpoint_eval import restore_model
   model, cfg, _ = restore_model(result["workdir"], overrides=["data.objective=prefix"])
-  it = pipeline.make_iterator(cfg, split="validation", batch_size=rows, shuffle=False,
-                              repeat=False)
-  try:
-    batch = next(iter(it))
-  finally:
-    if hasattr(it, "close"):
-      it.close()
-  maps = aa.attention_maps(model, batch)
+  maps = aa.attention_maps(model, aa.held_out_batch(cfg, rows))
   layers = aa.summarize(maps)
   cache.parent.mkdir(parents=True, exist_ok=True)
   cache.write_text(json.dumps({"digest": result["digest"], "rows": rows, "layers": layers}))

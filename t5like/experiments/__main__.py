@@ -37,13 +37,18 @@ def load_experiment(name: str, budget: str):
   return module.get_experiment(budget)
 
 
-def paper_commands(spec, workdir_root: str, data_dir: str, flan_dir: str) -> list[str]:
+def paper_commands(spec, workdir_root: str, data_dir: str, flan_dir: str,
+                   vocab_path: str = "gs://YOUR_BUCKET/vocab/spm32k.model",
+                   validation_holdout: float = 0.001) -> list[str]:
   """train.py / eval.py command lines of the experiment at paper scale."""
   lines = []
   for run in spec.paper_runs:
     workdir = f"{workdir_root.rstrip('/')}/{spec.name}/{run.name}"
     train = ["python", "train.py", "--config", f"configs/{run.config}", "--workdir", workdir]
     train += [f"--config.{o.format(data_dir=data_dir, flan_dir=flan_dir)}" for o in run.overrides]
+    if any(o.startswith("data.data_dir=") for o in run.overrides):  # Paper presets require both.
+      train += [f"--config.data.vocab_path={vocab_path}",
+                f"--config.data.validation_holdout={validation_holdout}"]
     if run.init_from_run:
       train.append(f"--config.train.init_from={workdir_root.rstrip('/')}/{spec.name}/"
                    f"{run.init_from_run}")
@@ -94,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                       help="--scale paper: the RedPajama V1 root the pretraining runs read")
   parser.add_argument("--flan_dir", default="gs://YOUR_BUCKET/flan",
                       help="--scale paper: the FLAN root the instruction-tuning runs read")
+  parser.add_argument("--vocab_path", default="gs://YOUR_BUCKET/vocab/spm32k.model",
+                      help="--scale paper: the 32,768-piece vocabulary (t5like.tools.build_vocab)")
+  parser.add_argument("--validation_holdout", type=float, default=0.001,
+                      help="--scale paper: fraction of documents held out when a corpus has no "
+                           "validation files")
   args = parser.parse_args(argv)
   names = available() if args.names == ["all"] else args.names
   budget = "quick" if args.quick else "full"
@@ -101,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
       print(f"# {name}")
       print("\n".join(paper_commands(load_experiment(name, budget), args.workdir_root,
-                                     args.data_dir, args.flan_dir)))
+                                     args.data_dir, args.flan_dir, args.vocab_path,
+                                     args.validation_holdout)))
     return 0
   from t5like import runtime
   runtime.init_tensorflow()

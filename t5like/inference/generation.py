@@ -1,0 +1,179 @@
+"""``generate``: batched KV-cache generation for DecLLM and RedLLM, one jitted call per batch.
+
+Rows of different prompt lengths share fixed shapes: DecLLM rows are ``[0] + prompt`` (seqio's
+shifted decoder input, BOS = 0) left-padded, so every row writes its next token into the same
+cache slot, with positions 0..n counted from each row's own start; RedLLM prompts go right-padded
+to ``RedLLM.encode`` as in training, the decoder starts from BOS at position = that row's
+encoder length (continuous positions). Prefill, then a ``lax.while_loop`` of one-token steps that
+stops when every row has produced ``eos_id`` or after ``max_new_tokens``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from t5like import partitioning
+from t5like.inference import steps
+from t5like.inference.sampling import SamplingConfig, sample
+
+PAD_MULTIPLE = 16  # Prompt lengths are rounded up to this (fewer distinct compilations).
+MAX_LENGTH = 4096  # Default cache limit per row: prompt (+ BOS) + new tokens.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """Static shape of one generation call (one compilation per distinct plan)."""
+  family: str
+  prompt_len: int  # Padded prompt length (DecLLM: with BOS).
+  max_new_tokens: int
+  eos_id: int
+  sampling: SamplingConfig
+
+
+def _check(model, prompts, max_new_tokens: int, max_length: int) -> list[list[int]]:
+  cfg = model.cfg
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+  rows = [list(map(int, p)) for p in prompts]
+  if not rows:
+    raise ValueError("generate needs at least one prompt")
+  extra = 1 if cfg.family == "decllm" else 0  # DecLLM rows start with BOS.
+  for i, p in enumerate(rows):
+    if not p:
+      raise ValueError(f"prompt {i} is empty; give at least one token")
+    bad = [t for t in p if not 0 < t < cfg.vocab_size]
+    if bad:
+      raise ValueError(f"prompt {i} has token ids {bad[:5]} outside [1, {cfg.vocab_size}) "
+                       "(0 is padding; the model's vocab_size is the limit)")
+    if len(p) + extra + max_new_tokens > max_length:
+      raise ValueError(
+          f"prompt {i} has {len(p)} tokens; with {max_new_tokens} new tokens it needs "
+          f"{len(p) + extra + max_new_tokens} cache slots > max_length={max_length}; shorten "
+          "the prompt, lower max_new_tokens or raise max_length")
+  return rows
+
+
+def _pad_inputs(rows: list[list[int]], family: str, batch: int) -> tuple[np.ndarray, int]:
+  """[batch, P] tokens: DecLLM ``[0] + prompt`` left-padded, RedLLM prompt right-padded."""
+  seqs = [[0] + r for r in rows] if family == "decllm" else rows
+  seqs += [seqs[0]] * (batch - len(seqs))  # Filler rows (mesh divisibility), dropped after.
+  p = -(-max(map(len, seqs)) // PAD_MULTIPLE) * PAD_MULTIPLE
+  out = np.zeros((batch, p), np.int32)
+  for i, s in enumerate(seqs):
+    if family == "decllm":
+      out[i, p - len(s):] = s
+    else:
+      out[i, :len(s)] = s
+  lens = np.asarray([len(s) for s in seqs], np.int32)
+  return out, lens
+
+
+def _prefill(model, plan: _Plan, tokens_bp, lens_b):
+  """(logits of the first new token, cache, next-step fn of (token, t, cache))."""
+  b, p = tokens_bp.shape
+  m = plan.max_new_tokens
+  if plan.family == "decllm":
+    start_b = p - lens_b
+    idx_p = jnp.arange(p)[None, :]
+    segment_ids_bp = (idx_p >= start_b[:, None]).astype(jnp.int32)
+    positions_bp = jnp.maximum(idx_p - start_b[:, None], 0).astype(jnp.int32)
+    logits, cache = steps.decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp,
+                                         p + m - 1)
+    # Token t (t >= 1) is fed at slot p + t - 1, position len + t - 1.
+    step = lambda y, t, c: steps.decllm_decode(model, y, lens_b + t - 1, p + t - 1, c)  # noqa
+    return logits, cache, step
+  cross, cache = steps.redllm_prefill(model, tokens_bp, m)
+  pos0_b = cross.enc_len_b if model.cfg.continuous_positions else jnp.zeros_like(lens_b)
+  logits, cache = steps.redllm_decode(model, jnp.zeros((b,), jnp.int32), pos0_b, 0, cache, cross)
+  step = lambda y, t, c: steps.redllm_decode(model, y, pos0_b + t, t, c, cross)  # noqa: E731
+  return logits, cache, step
+
+
+def _run(graphdef, plan: _Plan, params, tokens_bp, lens_b, rng):
+  """Jitted body: prefill, first token, then a while loop; returns tokens [batch, new]."""
+  model = nnx.merge(graphdef, params)
+  logits, cache, step = _prefill(model, plan, tokens_bp, lens_b)
+  key = lambda t: None if rng is None else jax.random.fold_in(rng, t)  # noqa: E731
+  y_b = sample(logits, key(0), plan.sampling)
+  out_bm = jnp.zeros((tokens_bp.shape[0], plan.max_new_tokens), jnp.int32).at[:, 0].set(y_b)
+
+  def cond(state):
+    t, _, _, done_b, _ = state
+    return (t < plan.max_new_tokens) & ~jnp.all(done_b)
+
+  def body(state):
+    t, y_b, out_bm, done_b, cache = state
+    logits, cache = step(y_b, t, cache)
+    y_b = sample(logits, key(t), plan.sampling)
+    out_bm = jax.lax.dynamic_update_slice(out_bm, y_b[:, None], (0, t))
+    return t + 1, y_b, out_bm, done_b | (y_b == plan.eos_id), cache
+
+  state = (jnp.int32(1), y_b, out_bm, y_b == plan.eos_id, cache)
+  return jax.lax.while_loop(cond, body, state)[2]
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(model, plan: _Plan):
+  key = (repr(model.cfg), plan)
+  if key not in _COMPILED:
+    graphdef = nnx.graphdef(model)
+    _COMPILED[key] = jax.jit(lambda *a: _run(graphdef, plan, *a))
+  return _COMPILED[key]
+
+
+def _place(params, tokens, lens, mesh: Mesh):
+  """Parameters by the training rule table; rows over the mesh's batch axes."""
+  state = nnx.state(params) if isinstance(params, nnx.Module) else params
+  axes = jax.tree.map(lambda v: tuple(v.get_metadata().get("out_sharding") or
+                                      (None,) * v.value.ndim),
+                      state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  pure, pure_axes = nnx.to_pure_dict(state), nnx.to_pure_dict(axes)
+  pure = jax.device_put(pure, partitioning.tree_shardings(pure_axes, pure, mesh))
+  rows = partitioning.batch_sharding(mesh)
+  vec = NamedSharding(mesh, PartitionSpec(rows.spec[0]))
+  return pure, jax.device_put(tokens, rows), jax.device_put(lens, vec)
+
+
+def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_id: int = 1,
+             sampling: SamplingConfig = SamplingConfig(), rng: jax.Array | None = None,
+             mesh: Mesh | None = None, max_length: int = MAX_LENGTH) -> list[list[int]]:
+  """New tokens of each prompt, cut before ``eos_id`` (at most ``max_new_tokens`` each).
+
+  Args:
+    model: a DecLLM or RedLLM (RedLLM: the prompt is the encoder input).
+    prompts: token ids per row (no BOS, no EOS; 0 is padding and not allowed).
+    max_new_tokens: generation limit per row (>= 1).
+    eos_id: a row stops at this token (-1: never).
+    sampling: greedy (temperature 0, the default) or temperature / top-k / top-p sampling.
+    rng: PRNG key, required when sampling (each step folds in its index).
+    mesh: run sharded on this (data, fsdp, tensor) mesh with the training rule table.
+    max_length: cache slots per row (prompt, BOS for DecLLM, new tokens); longer is an error.
+  """
+  sampling.validate()
+  rows = _check(model, prompts, max_new_tokens, max_length)
+  if not sampling.greedy and rng is None:
+    raise ValueError("sampling with temperature > 0 needs an explicit `rng` (jax.random.key)")
+  shards = partitioning.data_shards(mesh) if mesh is not None else 1
+  batch = -(-len(rows) // shards) * shards
+  tokens, lens = _pad_inputs(rows, model.cfg.family, batch)
+  plan = _Plan(model.cfg.family, tokens.shape[1], max_new_tokens, eos_id, sampling)
+  fn = _compiled(model, plan)
+  params = nnx.to_pure_dict(nnx.state(model))
+  if mesh is None:
+    out = fn(params, jnp.asarray(tokens), jnp.asarray(lens), rng)
+  else:
+    params, tok, ln = _place(model, tokens, lens, mesh)
+    with jax.set_mesh(mesh), partitioning.axis_rules():
+      out = fn(params, tok, ln, rng)
+  result = []
+  for row in np.asarray(out)[:len(rows)].tolist():
+    result.append(row[:row.index(eos_id)] if eos_id in row else row)
+  return result

@@ -1,6 +1,11 @@
 #!/usr/bin/env python
 """Evaluate checkpoints written by train.py.
 
+Completions of one checkpoint (KV-cache generation; RedLLM reads the prompt with its encoder):
+
+  python eval.py --workdir DIR --prompt "text" [--prompt_file F] [--max_new_tokens N]
+                 [--temperature T --top_k K --top_p P --seed S]
+
 Held-out loss, perplexity and accuracy per task (the default):
 
   python eval.py --workdir DIR [--step N] [--mixture NAME ...] [--max_batches N]
@@ -47,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="--suite tasks: longest context in tokens")
   parser.add_argument("--on_long", choices=("truncate", "error"), default="truncate",
                       help="--suite tasks: cut longer contexts from the left, or fail the task")
+  from t5like.inference import cli as generation_cli
+  generation_cli.add_arguments(parser)
   args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
   bad = [r for r in rest if not r.startswith("--config.") or "=" not in r]
   if bad:
@@ -58,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
   runtime.init_tensorflow()  # TF (data only) off accelerators, no false cuInit error on CPU.
   if args.suite:
     return _suite(args, overrides)
+  if generation_cli.wants_generation(args):
+    return generation_cli.run(args, overrides)
   from t5like.evaluation.checkpoint_eval import evaluate_checkpoint, format_report
   try:
     report = evaluate_checkpoint(args.workdir[0], step=args.step, overrides=overrides,

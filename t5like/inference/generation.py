@@ -61,7 +61,7 @@ def _check(model, prompts, max_new_tokens: int, max_length: int) -> list[list[in
 
 def _pad_inputs(rows: list[list[int]], family: str, batch: int) -> tuple[np.ndarray, int]:
   """[batch, P] tokens: DecLLM ``[0] + prompt`` left-padded, RedLLM prompt right-padded."""
-  seqs = [[0] + r for r in rows] if family == "decllm" else rows
+  seqs = [[0] + r for r in rows] if family == "decllm" else list(rows)
   seqs += [seqs[0]] * (batch - len(seqs))  # Filler rows (mesh divisibility), dropped after.
   p = -(-max(map(len, seqs)) // PAD_MULTIPLE) * PAD_MULTIPLE
   out = np.zeros((batch, p), np.int32)

@@ -3,10 +3,16 @@
 Every layer runs the training code's own pieces (``Attention.project_qkv``, the module-level
 ``dot_product_attention``, ``Attention.project_out``, the block's norms and MLP) on the same
 parameters; only where keys/values come from differs. Dropout is off (inference), so the residual
-wiring below is the blocks' ``__call__`` without it. Masks are the training masks: prefill builds
-them with ``self_context`` (causal, prefix, mixed forward/backward), padded with ``False`` over
-the not-yet-written cache slots; a decode token is causal, so it sees exactly the valid slots
-(mixed attention only changes bidirectional pairs, which a generated token is never part of).
+wiring below is the blocks' ``__call__`` without it.
+
+- **Prefill** is the training forward over the prompt (layers scanned as in training, masks from
+  ``self_context``: causal, prefix, mixed forward/backward), which also returns every layer's
+  keys and values; they become the cache.
+- **Decode** feeds one token per row. A generated token is causal, so it sees exactly the valid
+  cache slots (mixed attention only changes bidirectional pairs, which a generated token is
+  never part of). Its layers run unrolled over per-layer parameter copies made once per
+  ``generate`` call (``unstack``): slicing the stacked ``[layers, ...]`` weights inside every
+  step would copy all weights once per token, which on XLA:CPU doubles the step time.
 """
 from __future__ import annotations
 
@@ -16,7 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from t5like.inference.cache import KVCache, init_cache, mark_valid, read_layer, write_layer
+from t5like.inference import cache as cache_lib
+from t5like.inference.cache import KVCache
 from t5like.models.attention import dot_product_attention
 from t5like.models.blocks import SelfContext, layer_mask
 from t5like.models.decllm import self_context
@@ -26,9 +33,9 @@ from t5like.models.stack import LayerStack
 
 class CrossCache(NamedTuple):
   """What RedLLM's decoder needs of the encoder, computed once per prompt."""
-  k_lbsgk: jax.Array  # [dec_layers, batch, enc_len, kv_heads, head_dim] rotated cross keys.
-  v_lbsgk: jax.Array  # [dec_layers, batch, enc_len, kv_heads, head_dim] cross values.
-  mask_b11s: jax.Array  # bool [batch, 1, 1, enc_len]: non-padding encoder tokens.
+  k: tuple[jax.Array, ...]  # Per decoder layer [batch, kv_heads, enc_len, head_dim] cross keys.
+  v: tuple[jax.Array, ...]  # Per decoder layer [batch, kv_heads, enc_len, head_dim] values.
+  valid_bs: jax.Array  # bool [batch, enc_len]: non-padding encoder tokens.
   enc_len_b: jax.Array  # [batch] encoder (prompt) length of each row.
 
 
@@ -51,33 +58,34 @@ def run_layers(stack: LayerStack, body: Callable, carry: Any, xs: Any = None):
   return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys)
 
 
-def _cached_attention(attn, h_btd, pos_bt, cache: KVCache, i, slot, mask_bhts):
-  """Self-attention of new tokens [batch, t] written at ``slot``, over every cached slot."""
-  q_bthk, k_btgk, v_btgk = attn.project_qkv(h_btd, h_btd, pos_bt, pos_bt)
-  cache = cache._replace(k_lbsgk=write_layer(cache.k_lbsgk, i, slot, k_btgk),
-                         v_lbsgk=write_layer(cache.v_lbsgk, i, slot, v_btgk))
-  out_bthk = dot_product_attention(q_bthk, read_layer(cache.k_lbsgk, i),
-                                   read_layer(cache.v_lbsgk, i), mask_bhts)
-  return attn.project_out(out_bthk), cache
+def unstack(stack: LayerStack) -> list[nnx.Module]:
+  """One layer module per layer, on its own copy of that layer's parameters (see module doc)."""
+  graphdef, params = nnx.split(stack.layers)
+  return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params))
+          for i in range(stack.num_layers)]
 
 
-def _self_block(block, x_btd, pos_bt, cache, i, slot, mask_bhts):
-  """SelfAttentionBlock.__call__ with the cache (x + Attn(Norm(x)); x + MLP(Norm(x)))."""
-  h, cache = _cached_attention(block.attention, block.pre_attention_norm(x_btd), pos_bt, cache,
-                               i, slot, mask_bhts)
-  x_btd = x_btd + h
+def _logits(model, norm, x_b1d) -> jax.Array:
+  return model.embedding.logits(norm(x_b1d))[:, -1]  # [batch, vocab] float32.
+
+
+def _self_block(block, x_btd, pos_bt, mask_bhts):
+  """SelfAttentionBlock.__call__ that also returns this layer's keys and values."""
+  h = block.pre_attention_norm(x_btd)
+  q_bthk, k_btgk, v_btgk = block.attention.project_qkv(h, h, pos_bt, pos_bt)
+  x_btd = x_btd + block.attention.project_out(
+      dot_product_attention(q_bthk, k_btgk, v_btgk, mask_bhts))
   x_btd = x_btd + block.mlp(block.pre_mlp_norm(x_btd))
-  return constrain(x_btd, ("batch", "length", "embed")), cache
+  return constrain(x_btd, ("batch", "length", "embed")), (k_btgk, v_btgk)
 
 
-def _pad_keys(mask_bhts: jax.Array | None, slots: int) -> jax.Array | None:
-  if mask_bhts is None:
-    return None
-  return jnp.pad(mask_bhts, ((0, 0), (0, 0), (0, 0), (0, slots - mask_bhts.shape[-1])))
-
-
-def _logits(model, norm, x_btd) -> jax.Array:
-  return model.embedding.logits(norm(x_btd))[:, -1]  # [batch, vocab] float32.
+def _cached_self_attention(attn, h_b1d, pos_b1, k_bgsk, v_bgsk, slot, valid_bs):
+  """Self-attention of one new token per row written at ``slot``, over every valid slot."""
+  q_b1hk, k_b1gk, v_b1gk = attn.project_qkv(h_b1d, h_b1d, pos_b1, pos_b1)
+  k_bgsk = cache_lib.write(k_bgsk, slot, k_b1gk)
+  v_bgsk = cache_lib.write(v_bgsk, slot, v_b1gk)
+  out_b1hk = cache_lib.attend(q_b1hk, k_bgsk, v_bgsk, valid_bs)
+  return attn.project_out(out_b1hk), k_bgsk, v_bgsk
 
 
 def decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp, slots: int):
@@ -89,32 +97,34 @@ def decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp, slots: int):
   """
   cfg = model.cfg
   prefix_bp = segment_ids_bp if cfg.decoder_attention == "prefix" else None
-  ctx = self_context(cfg, segment_ids_bp, positions_bp, cfg.decoder_attention, prefix_bp)
-  ctx = SelfContext(positions_bp, _pad_keys(ctx.mask_fwd, slots), _pad_keys(ctx.mask_bwd, slots))
-  cache = init_cache(cfg, cfg.num_layers, tokens_bp.shape[0], slots)
-  cache = cache._replace(valid_bs=mark_valid(cache.valid_bs, 0, segment_ids_bp > 0))
+  ctx: SelfContext = self_context(cfg, segment_ids_bp, positions_bp, cfg.decoder_attention,
+                                  prefix_bp)
 
-  def body(carry, layer, i, _):
-    x, c = carry
-    return _self_block(layer, x, positions_bp, c, i, 0, layer_mask(ctx, i)), None
+  def body(x, layer, i, _):
+    return _self_block(layer, x, positions_bp, layer_mask(ctx, i))
 
-  (x_bpd, cache), _ = run_layers(model.decoder, body, (model.embedding.embed(tokens_bp), cache))
-  return _logits(model, model.final_norm, x_bpd), cache
+  x_bpd, (k_lbpgk, v_lbpgk) = run_layers(model.decoder, body, model.embedding.embed(tokens_bp))
+  valid_bs = jnp.pad(segment_ids_bp > 0, ((0, 0), (0, slots - tokens_bp.shape[1])))
+  cache = KVCache(cache_lib.to_cache_layout(k_lbpgk, slots),
+                  cache_lib.to_cache_layout(v_lbpgk, slots), valid_bs)
+  return _logits(model, model.final_norm, x_bpd[:, -1:]), cache
 
 
-def decllm_decode(model, token_b, position_b, slot, cache: KVCache):
-  """One token per row at cache ``slot``; returns (logits [batch, vocab], cache)."""
-  valid_bs = mark_valid(cache.valid_bs, slot, jnp.ones_like(token_b, bool)[:, None])
-  cache = cache._replace(valid_bs=valid_bs)
-  mask_b11s = valid_bs[:, None, None, :]
-
-  def body(carry, layer, i, _):
-    x, c = carry
-    return _self_block(layer, x, position_b[:, None], c, i, slot, mask_b11s), None
-
+def decllm_decode(model, layers, token_b, position_b, slot, cache: KVCache):
+  """One token per row at cache ``slot`` through ``layers`` (``unstack(model.decoder)``);
+  returns (logits [batch, vocab], cache)."""
+  valid_bs = cache_lib.mark_valid(cache.valid_bs, slot, jnp.ones_like(token_b, bool)[:, None])
+  pos_b1 = position_b[:, None]
   x_b1d = model.embedding.embed(token_b[:, None])
-  (x_b1d, cache), _ = run_layers(model.decoder, body, (x_b1d, cache))
-  return _logits(model, model.final_norm, x_b1d), cache
+  ks, vs = [], []
+  for layer, k_bgsk, v_bgsk in zip(layers, cache.k, cache.v):
+    h, k_bgsk, v_bgsk = _cached_self_attention(layer.attention, layer.pre_attention_norm(x_b1d),
+                                               pos_b1, k_bgsk, v_bgsk, slot, valid_bs)
+    x_b1d = x_b1d + h
+    x_b1d = x_b1d + layer.mlp(layer.pre_mlp_norm(x_b1d))
+    ks.append(k_bgsk)
+    vs.append(v_bgsk)
+  return _logits(model, model.final_norm, x_b1d), KVCache(tuple(ks), tuple(vs), valid_bs)
 
 
 def redllm_prefill(model, enc_tokens_bs, slots: int) -> tuple[CrossCache, KVCache]:
@@ -130,33 +140,34 @@ def redllm_prefill(model, enc_tokens_bs, slots: int) -> tuple[CrossCache, KVCach
     return carry, (k, v)
 
   _, (k_lbsgk, v_lbsgk) = run_layers(model.decoder, body, None)
-  seg_bs = enc.segment_ids_bs > 0
-  cross = CrossCache(k_lbsgk, v_lbsgk, seg_bs[:, None, None, :],
-                     jnp.sum(seg_bs, axis=1).astype(jnp.int32))
-  return cross, init_cache(cfg, cfg.num_decoder_layers, enc_tokens_bs.shape[0], slots)
+  s = enc_tokens_bs.shape[1]
+  valid_bs = enc.segment_ids_bs > 0
+  cross = CrossCache(cache_lib.to_cache_layout(k_lbsgk, s), cache_lib.to_cache_layout(v_lbsgk, s),
+                     valid_bs, jnp.sum(valid_bs, axis=1).astype(jnp.int32))
+  empty = cache_lib.empty(cfg.num_decoder_layers, enc_tokens_bs.shape[0], cfg.kv_heads, slots,
+                          cfg.head_dim, k_lbsgk.dtype)
+  return cross, empty
 
 
-def redllm_decode(model, token_b, position_b, slot, cache: KVCache, cross: CrossCache):
+def redllm_decode(model, layers, token_b, position_b, slot, cache: KVCache, cross: CrossCache):
   """One decoder token per row (causal self-attention over the cache, cross-attention to the
   cached encoder keys with RoPE as in training); returns (logits [batch, vocab], cache)."""
-  valid_bs = mark_valid(cache.valid_bs, slot, jnp.ones_like(token_b, bool)[:, None])
-  cache = cache._replace(valid_bs=valid_bs)
-  mask_b11s = valid_bs[:, None, None, :]
+  valid_bs = cache_lib.mark_valid(cache.valid_bs, slot, jnp.ones_like(token_b, bool)[:, None])
   pos_b1 = position_b[:, None]
-
-  def body(carry, layer, i, kv):
-    x, c = carry
-    h, c = _cached_attention(layer.self_attention, layer.pre_self_attention_norm(x), pos_b1, c,
-                             i, slot, mask_b11s)
-    x = x + h
-    h = layer.pre_cross_attention_norm(x)
-    q_b1hk, _, _ = layer.cross_attention.project_qkv(h, h, pos_b1, pos_b1)  # k, v unused.
-    x = x + layer.cross_attention.project_out(
-        dot_product_attention(q_b1hk, kv[0], kv[1], cross.mask_b11s))
-    x = x + layer.mlp(layer.pre_mlp_norm(x))
-    return (constrain(x, ("batch", "length", "embed")), c), None
-
   x_b1d = model.embedding.embed(token_b[:, None])
-  (x_b1d, cache), _ = run_layers(model.decoder, body, (x_b1d, cache),
-                                 (cross.k_lbsgk, cross.v_lbsgk))
-  return _logits(model, model.decoder_norm, x_b1d), cache
+  ks, vs = [], []
+  for layer, k_bgsk, v_bgsk, ck_bgsk, cv_bgsk in zip(layers, cache.k, cache.v, cross.k, cross.v):
+    h, k_bgsk, v_bgsk = _cached_self_attention(
+        layer.self_attention, layer.pre_self_attention_norm(x_b1d), pos_b1, k_bgsk, v_bgsk, slot,
+        valid_bs)
+    x_b1d = x_b1d + h
+    h = layer.pre_cross_attention_norm(x_b1d)
+    # Query only: keys/values of a zero-length input cost nothing (they are cached in ``cross``).
+    q_b1hk, _, _ = layer.cross_attention.project_qkv(h, h[:, :0], pos_b1, pos_b1[:, :0])
+    x_b1d = x_b1d + layer.cross_attention.project_out(
+        cache_lib.attend(q_b1hk, ck_bgsk, cv_bgsk, cross.valid_bs))
+    x_b1d = x_b1d + layer.mlp(layer.pre_mlp_norm(x_b1d))
+    ks.append(k_bgsk)
+    vs.append(v_bgsk)
+  return (_logits(model, model.decoder_norm, x_b1d),
+          KVCache(tuple(ks), tuple(vs), valid_bs))

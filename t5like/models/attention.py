@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover
     del name
     return x
 
-_NEG = -0.7 * float(jnp.finfo(jnp.float32).max)  # Finite, so fully-masked rows stay NaN-free.
+NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)  # Finite, so fully-masked rows stay NaN-free.
 
 
 class Attention(nnx.Module):
@@ -114,6 +114,6 @@ def attention_weights(q_bthk: jax.Array, k_bsgk: jax.Array, mask_bhts: jax.Array
   scores_bgrts = jnp.einsum("btgrk,bsgk->bgrts", q_btgrk, k_bsgk,
                             preferred_element_type=jnp.float32)
   scores_bhts = scores_bgrts.reshape(b, h, t, -1)
-  scores_bhts = jnp.where(mask_bhts, scores_bhts, _NEG)
+  scores_bhts = jnp.where(mask_bhts, scores_bhts, NEG_INF)
   # Zeroing masked probabilities makes fully-masked (padding) rows attend to nothing at all.
   return jnp.where(mask_bhts, jax.nn.softmax(scores_bhts, axis=-1), 0.0)

@@ -5,7 +5,9 @@ A BIG-bench task file is a JSON object with ``examples`` (each with ``input`` an
 list of acceptable strings) and optional ``task_prefix``, ``example_input_prefix`` (default
 ``"\\nQ: "``), ``example_output_prefix`` (default ``"\\nA: "``), ``choice_prefix`` (default
 ``"\\n  choice: "``), ``append_choices_to_input`` (default true), ``few_shot_example_separator``
-(default ``"\\n"``), ``metrics`` (e.g. ``multiple_choice_grade``, ``exact_str_match``) and
+(default ``"\\n"``), ``stop_string`` / ``output_regex`` (how a generation is cut before it is
+compared: at the stop string — by default the few-shot separator — then the regex's first match,
+if given), ``metrics`` (e.g. ``multiple_choice_grade``, ``exact_str_match``) and
 ``name`` / ``description``. FLAN-layout jsonl records (``inputs``, ``targets``) load as generative
 tasks. Prompts follow BIG-bench's layout; k-shot examples are drawn with a fixed seed from the
 other examples of the task, never the scored one.
@@ -16,13 +18,14 @@ import dataclasses
 import hashlib
 import json
 import random
+import re
 from typing import Any, Sequence
 
 from etils import epath
 
 DEFAULTS = {"task_prefix": "", "example_input_prefix": "\nQ: ", "example_output_prefix": "\nA: ",
             "choice_prefix": "\n  choice: ", "append_choices_to_input": True,
-            "few_shot_example_separator": "\n"}
+            "few_shot_example_separator": "\n", "stop_string": "", "output_regex": ""}
 KNOWN_METRICS = ("multiple_choice_grade", "exact_str_match")
 
 
@@ -65,6 +68,19 @@ class Task:
                    + f["few_shot_example_separator"])
     parts.append(self._question(example) + f["example_output_prefix"])
     return "".join(parts)
+
+  def answer(self, generated: str) -> str:
+    """A generation as exact match compares it: cut at ``stop_string`` (default: the few-shot
+    separator, where a k-shot prompt's next example would start), the first ``output_regex``
+    match if the task gives one, surrounding whitespace stripped."""
+    f = self.fmt
+    stop = f["stop_string"] or f["few_shot_example_separator"]
+    if stop and stop in generated:
+      generated = generated[:generated.index(stop)]
+    if f["output_regex"]:
+      m = re.search(f["output_regex"], generated)
+      generated = m.group(0) if m else ""
+    return generated.strip()
 
   def _question(self, example: Example) -> str:
     f = self.fmt

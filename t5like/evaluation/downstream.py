@@ -3,7 +3,7 @@
 Multiple-choice tasks: rank classification (``scoring.option_loglikelihoods``), reported as
 ``multiple_choice_grade`` (raw log-likelihood) and ``multiple_choice_grade_norm`` (per option
 token). Generative tasks: greedy decoding with the KV cache (``t5like.inference.generate``),
-``exact_str_match`` after stripping whitespace. A task that fails is reported with its error and
+``exact_str_match`` of the generation cut at the task's stop string (``Task.answer``). A task that fails is reported with its error and
 the other tasks still run.
 """
 from __future__ import annotations
@@ -41,13 +41,16 @@ def _multiple_choice(model, vocab, task: Task, shots: int, seed: int, trunc: Tru
 
 
 def _generative(model, vocab, task: Task, shots: int, seed: int, trunc: Truncation,
-                on_long: str, max_new_tokens: int) -> dict[str, float]:
+                on_long: str, max_new_tokens: int, batch: int = 32) -> dict[str, float]:
   from t5like.inference import generate
   prompts = [fit_context(list(vocab.encode(task.prompt(ex, task.shots_for(i, shots, seed)))),
                          trunc, on_long) for i, ex in enumerate(task.examples)]
   longest = max(len(vocab.encode(t)) for ex in task.examples for t in ex.targets)
-  outs = generate(model, prompts, max_new_tokens=min(max_new_tokens, longest + 4))
-  hits = [vocab.decode(o).strip() in {t.strip() for t in ex.targets}
+  new = min(max_new_tokens, longest + 4)
+  outs = [o for i in range(0, len(prompts), batch)
+          for o in generate(model, prompts[i:i + batch], max_new_tokens=new,
+                            eos_id=vocab.eos_id)]
+  hits = [task.answer(vocab.decode(o)) in {t.strip() for t in ex.targets}
           for o, ex in zip(outs, task.examples)]
   return {"exact_str_match": float(np.mean(hits))}
 
@@ -68,9 +71,6 @@ def score_tasks(model, vocab, tasks: Sequence[Task], *, shots: Sequence[int] = (
         else:
           per[f"{k}-shot"] = _generative(model, vocab, task, k, seed, trunc, on_long,
                                          max_new_tokens)
-      except ImportError as e:  # Generation needs t5like.inference (KV-cache decoding).
-        log.warning("task %s (%d-shot) not scored: generation unavailable (%s)", task.name, k, e)
-        per[f"{k}-shot"] = {"error": f"generation unavailable: {e}"}
       except (ContextTooLong, ValueError) as e:
         log.error("task %s (%d-shot) failed: %s", task.name, k, e)
         per[f"{k}-shot"] = {"error": str(e)}

@@ -58,8 +58,13 @@ def write_markdown(results: dict[str, Any]) -> str:
       for lengths, f in c["cost"].get("flops", {}).items():
         rows.append((names[p], lengths, f["prefill"], f["decode"], f["total"]))
     md += _table(("checkpoint", "input+output", "prefill", "decode", "total"), rows)
-    md += ["Measured with the KV cache:", ""] + [
-        f"- {names[p]}: {c['cost'].get('measured')}" for p, c in ck.items()] + [""]
+    measured = [(names[p], f"{m['batch']} x {m['input']}+{m['output']}", m["sequences_per_s"],
+                 m["new_tokens_per_s"]) for p, c in ck.items()
+                if isinstance(m := c["cost"].get("measured"), dict)]
+    if measured:
+      md += ["Measured with the KV cache (greedy, every row generating all tokens):", ""]
+      md += _table(("checkpoint", "batch x input+output", "sequences/s", "new tokens/s"),
+                   measured)
   if "attention" in results["suites"]:
     md += ["## Attention maps (mean over heads and held-out rows)", ""]
     rows = [(names[p], l["stack"], l["layer"], l["normalized_rank"],

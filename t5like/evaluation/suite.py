@@ -2,9 +2,8 @@
 
 Suites: ``ppl`` (held-out loss on the target halves, like for like across families), ``tasks``
 (zero-/few-shot BIG-bench-format tasks), ``length`` (held-out loss at 1x-8x the training length),
-``cost`` (analytic inference FLOPs per sequence; measured sequences/s with the KV cache when
-``t5like.inference`` is installed in this checkout), ``attention`` (rank, Dong ratio, locality,
-heatmaps). Writes ``results.json`` (every number, checkpoint path, step, config hash, task file
+``cost`` (analytic inference FLOPs per sequence; measured sequences/s with the KV cache),
+``attention`` (rank, Dong ratio, locality, heatmaps). Writes ``results.json`` (every number, checkpoint path, step, config hash, task file
 hashes), ``report.md`` and PNGs into the output directory. A suite that fails for one checkpoint
 is recorded with its error; the others still run.
 """
@@ -53,11 +52,7 @@ def _length(path, step, cfg, max_batches):
 def _cost(model, cfg, lengths: Sequence[tuple[int, int]]) -> dict[str, Any]:
   out: dict[str, Any] = {"flops": {f"{n}+{m}": cost.inference_flops(cfg.model, n, m)
                                    for n, m in lengths}}
-  try:
-    from t5like.inference import generate
-  except ImportError:
-    out["measured"] = "t5like.inference is not available in this checkout"
-    return out
+  from t5like.inference import generate
   n, m = lengths[0]
   prompts = [[3 + (i * 7 + j) % 200 for j in range(n)] for i in range(8)]
   generate(model, prompts, max_new_tokens=m, eos_id=-1)  # Compile.

@@ -109,3 +109,34 @@ def test_long_contexts_are_cut_from_the_left_or_rejected():
   assert trunc.truncated == 1
   with pytest.raises(scoring.ContextTooLong, match="longer than the model's 4"):
     scoring.fit_context([1, 2, 3, 4, 5], trunc, "error")
+
+
+def test_generations_are_cut_at_the_stop_string_and_regex(tmp_path):
+  task = bigbench.load_task(_write(tmp_path, "g.json", {"examples": [
+      {"input": "2+2", "target": "4"}]}))
+  assert task.answer(" 4\nQ: 3+3\nA: 6") == "4"  # Default stop: the few-shot separator.
+  cut = bigbench.load_task(_write(tmp_path, "c.json", {
+      "stop_string": ".", "output_regex": r"\d+", "examples": [{"input": "x", "target": "4"}]}))
+  assert cut.answer("the answer is 42. Next") == "42"
+  assert cut.answer("no digits. 7") == ""
+
+
+def test_generative_tasks_score_greedy_generations_by_exact_match(tmp_path):
+  """Targets set to what the model generates greedily (one row) and to something else (the
+  other): exact match is 1/2 — the decoding, cutting and comparing are the task's own."""
+  from t5like.data.vocab import get_vocabulary
+  from t5like.evaluation.downstream import score_tasks
+  from t5like.inference import generate
+  vocab = get_vocabulary("")
+  model = tiny_model("decllm", seed=5, vocab_size=vocab.vocab_size)
+  base = {"examples": [{"input": "3 plus 4", "target": "?"}, {"input": "1 plus 1", "target": "?"}]}
+  probe = bigbench.load_task(_write(tmp_path, "probe.json", base))
+  prompt = list(vocab.encode(probe.prompt(probe.examples[0])))
+  out = generate(model, [prompt], max_new_tokens=5, eos_id=vocab.eos_id)[0]
+  said = probe.answer(vocab.decode(out))
+  task = bigbench.load_task(_write(tmp_path, "gen.json", {"examples": [
+      {"input": "3 plus 4", "target": [said, "seven"]},
+      {"input": "1 plus 1", "target": "certainly not generated"}]}))
+  result = score_tasks(model, vocab, [task], shots=(0, 1), max_new_tokens=5)  # As the probe.
+  assert result["tasks"]["gen"]["0-shot"] == {"exact_str_match": 0.5}
+  assert "exact_str_match" in result["tasks"]["gen"]["1-shot"]

@@ -31,6 +31,7 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/data_throughput.py
 	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/decode_throughput.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

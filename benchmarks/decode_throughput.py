@@ -1,0 +1,160 @@
+#!/usr/bin/env python
+"""KV-cache generation speed of DecLLM and RedLLM at (about) equal parameters, on this machine.
+
+  python benchmarks/decode_throughput.py [--cases 1x128+64,8x128+64,8x512+128] [--repeats 3]
+                                         [--dtypes float32] [--peer]
+
+Shapes of the small comparison models (docs/performance.md): d512, 8 x 64 heads, SwiGLU 1408,
+vocab 8192; DecLLM 4 layers, RedLLM 2 encoder + 2 decoder layers. Each case is
+``batch x prompt + new`` tokens, every row generating all ``new`` tokens (no EOS). Columns:
+
+- ``prefill tok/s``: prompt tokens per second of the prefill alone (DecLLM: the decoder over the
+  prompt; RedLLM: the encoder and the cross-attention keys/values of every decoder layer);
+- ``decode tok/s``: generated tokens per second of the one-token steps (total minus prefill);
+- ``new tok/s``: generated tokens per second of the whole ``generate`` call (what Hugging Face's
+  ``generate`` is usually quoted at), median of ``--repeats`` calls after one compiling call;
+- ``GFLOP/seq``: analytic inference FLOPs per sequence (t5like.evaluation.cost, docs/flops.md:
+  prefill + decode, forward only) — the paper's inference-cost comparison.
+
+``--peer`` adds Hugging Face transformers' ``LlamaForCausalLM.generate`` (greedy, KV cache) on
+PyTorch at the DecLLM shapes, when torch and transformers are installed (never a dependency of
+t5like), and prints t5like's ratio to it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from t5like.config.model import ModelConfig  # noqa: E402
+from t5like.evaluation.cost import inference_flops  # noqa: E402
+from t5like.inference import generate  # noqa: E402
+from t5like.inference import generation as gen  # noqa: E402
+from t5like.inference.sampling import SamplingConfig  # noqa: E402
+from t5like.models import build_model  # noqa: E402
+
+
+def small_model_config(family: str, dtype: str) -> ModelConfig:
+  return ModelConfig(family=family, vocab_size=8192, d_model=512, num_heads=8, head_dim=64,
+                     d_ff=1408, num_layers=4, num_encoder_layers=2, num_decoder_layers=2,
+                     attn_out_norm=family == "redllm", dtype=dtype).validate()
+
+
+def parse_case(text: str) -> tuple[int, int, int]:
+  """``"8x128+64"`` -> (batch 8, prompt 128, new 64)."""
+  try:
+    batch, rest = text.split("x")
+    prompt, new = rest.split("+")
+    return int(batch), int(prompt), int(new)
+  except ValueError:
+    raise SystemExit(f"--cases: {text!r} is not BATCHxPROMPT+NEW (e.g. 8x128+64)") from None
+
+
+def _timed(fn, repeats: int) -> float:
+  fn()  # Compilation.
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t)
+  return statistics.median(times)
+
+
+def prefill_seconds(model, prompts, new: int, repeats: int) -> float:
+  """Median time of the prefill (and first logits) alone, as ``generate`` runs it."""
+  tokens, lens = gen._pad_inputs(prompts, model.cfg.family, len(prompts))
+  plan = gen._Plan(model.cfg.family, tokens.shape[1], new, -1, SamplingConfig())
+  graphdef, params = nnx.graphdef(model), nnx.to_pure_dict(nnx.state(model))
+  fn = jax.jit(lambda p, t, n: gen._prefill(nnx.merge(graphdef, p), plan, t, n)[:2])
+  return _timed(lambda: jax.block_until_ready(fn(params, tokens, lens)), repeats)
+
+
+def measure(family: str, dtype: str, batch: int, prompt: int, new: int, repeats: int) -> dict:
+  cfg = small_model_config(family, dtype)
+  model = build_model(cfg, nnx.Rngs(0))
+  params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  rng = np.random.RandomState(0)
+  prompts = [rng.randint(2, cfg.vocab_size, size=prompt).tolist() for _ in range(batch)]
+  total = _timed(lambda: generate(model, prompts, max_new_tokens=new, eos_id=-1), repeats)
+  pre = prefill_seconds(model, prompts, new, repeats)
+  flops = inference_flops(cfg, prompt, new)
+  return {"system": f"t5like {family}", "dtype": dtype, "params_m": params / 1e6,
+          "case": f"{batch}x{prompt}+{new}", "prefill_tok_s": batch * prompt / pre,
+          "decode_tok_s": batch * new / max(total - pre, 1e-9),
+          "new_tok_s": batch * new / total, "gflop_seq": flops["total"] / 1e9}
+
+
+def measure_peer(dtype: str, batch: int, prompt: int, new: int, repeats: int) -> dict | None:
+  """transformers' Llama at the DecLLM shapes (tied embeddings, RMSNorm, SwiGLU, RoPE)."""
+  try:
+    import torch
+    import transformers
+  except ImportError:
+    return None
+  torch.manual_seed(0)
+  config = transformers.LlamaConfig(
+      vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
+      num_attention_heads=8, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
+      max_position_embeddings=4096)
+  torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+  model = transformers.LlamaForCausalLM(config).to(torch_dtype).eval()
+  ids = torch.randint(2, 8192, (batch, prompt))
+
+  def run():
+    with torch.inference_mode():
+      model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                     min_new_tokens=new, do_sample=False, pad_token_id=0)
+
+  total = _timed(run, repeats)
+  params = sum(p.numel() for p in model.parameters())
+  return {"system": "transformers Llama (PyTorch)", "dtype": dtype, "params_m": params / 1e6,
+          "case": f"{batch}x{prompt}+{new}", "prefill_tok_s": float("nan"),
+          "decode_tok_s": float("nan"), "new_tok_s": batch * new / total,
+          "gflop_seq": float("nan")}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--cases", default="1x128+64,8x128+64,8x512+128")
+  parser.add_argument("--dtypes", default="float32")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--peer", action="store_true", help="also time transformers generate")
+  args = parser.parse_args()
+  rows = []
+  for dtype in args.dtypes.split(","):
+    for case in args.cases.split(","):
+      batch, prompt, new = parse_case(case)
+      for family in ("decllm", "redllm"):
+        rows.append(measure(family, dtype, batch, prompt, new, args.repeats))
+      if args.peer:
+        peer = measure_peer(dtype, batch, prompt, new, args.repeats)
+        if peer is None:
+          print("--peer: torch / transformers not installed; no peer rows", file=sys.stderr)
+          args.peer = False
+        else:
+          rows.append(peer)
+  print(f"| system | dtype | params (M) | batch x prompt + new | prefill tok/s | decode tok/s "
+        f"| new tok/s | GFLOP/seq |")
+  print("|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    print(f"| {r['system']} | {r['dtype']} | {r['params_m']:.1f} | {r['case']} | "
+          f"{r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | {r['new_tok_s']:,.0f} | "
+          f"{r['gflop_seq']:.2f} |".replace("nan", "-"))
+  peers = {(r["dtype"], r["case"]): r for r in rows if not r["system"].startswith("t5like")}
+  for r in rows:
+    p = peers.get((r["dtype"], r["case"]))
+    if p and r["system"] == "t5like decllm":
+      print(f"{r['case']} {r['dtype']}: t5like DecLLM / transformers = "
+            f"{r['new_tok_s'] / p['new_tok_s']:.2f}x new tokens/s")
+
+
+if __name__ == "__main__":
+  main()

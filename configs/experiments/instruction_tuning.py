@@ -1,6 +1,7 @@
 """Findings 4 and 5: pretrain, then instruction-tune on FLAN-style data — DecLLM, DecLLM + BiAttn
 (bidirectional attention over the input during finetuning) and RedLLM; held-out FLAN loss on the
-same target tokens against inference FLOPs per sequence (docs/paper.md, findings 4-5).
+same target tokens against inference FLOPs per sequence (docs/paper.md, findings 4-5); 0-shot
+scores on the project's small BIG-bench-format tasks are reported beside it.
 
 Laptop scale: the tiny models pretrained on the embedded RedPajama sample, then finetuned on the
 embedded FLAN sample (96 input + 32 target tokens). Paper scale: the 150M pretraining and
@@ -35,6 +36,7 @@ def get_experiment(budget: str = "quick") -> ExperimentSpec:
     for seed in seeds:
       runs.append(RunSpec(name=f"finetune_{variant}_s{seed}", config=config,
                           overrides=_loop(ft_steps, batch, seed), init_from_run=pretrain,
+                          tasks=("shipped",),
                           tags=(("stage", "finetune"), ("variant", variant), ("seed", seed))))
   paper = (
       RunSpec(name="pretrain_decllm", config="decllm_150m.py",

@@ -37,6 +37,15 @@ def _difference(arms, a: str, b: str, sigmas: float) -> tuple[float, float, str]
   return ma - mb, sigmas * math.sqrt(sa ** 2 / na + sb ** 2 / nb), ""
 
 
+def _task_mean(rows) -> float:
+  """Mean over seeds and tasks of each task's first metric (multiple-choice grade or exact
+  match) from the runs' 0-shot scores; NaN when no run has task scores."""
+  values = [next(iter(m.values())) for r in rows
+            for m in r.get("tasks", {}).get("scores", {}).values()
+            if m and "error" not in m]
+  return float(np.mean(values)) if values else math.nan
+
+
 def analyse(spec: ExperimentSpec, results: dict[str, dict[str, Any]],
             output_dir: str) -> Analysis:
   sigmas = spec.param("sigmas", 2.0)
@@ -62,11 +71,14 @@ def analyse(spec: ExperimentSpec, results: dict[str, dict[str, Any]],
     verdicts.append(Verdict(claim5, verdict, f"loss(BiAttn) - loss(Dec) = {d:+.4f} vs noise "
                             f"{noise:.4f}"))
   rows = []
+  task_means = {v: _task_mean(r) for v, r in arms.items()}
   for variant in LABELS:
     if variant in arms:
       mean, sd, n = _mean_sd(arms[variant])
-      rows.append((LABELS[variant], n, mean, sd, flops[variant], arms[variant][0]["params"]))
+      rows.append((LABELS[variant], n, mean, sd, task_means[variant], flops[variant],
+                   arms[variant][0]["params"]))
   table = markdown_table(("model", "seeds", "held-out FLAN loss", "std",
+                          "0-shot task score (reported, not in the rule)",
                           "inference FLOPs / sequence", "params"), rows)
   fig, ax = new_figure()
   for variant, label in LABELS.items():
@@ -74,11 +86,11 @@ def analyse(spec: ExperimentSpec, results: dict[str, dict[str, Any]],
       mean, sd, _ = _mean_sd(arms[variant])
       ax.errorbar([flops[variant]], [mean], yerr=[np.nan_to_num(sd)], fmt="o", capsize=4,
                   label=label)
-  ax.set_xlabel("inference FLOPs per sequence (forward, input + target)")
+  ax.set_xlabel("inference FLOPs per sequence (prefill + KV-cache decode)")
   ax.set_ylabel("held-out FLAN loss (nats / target token)")
   ax.set_title("Quality vs inference cost after instruction tuning")
   ax.legend(fontsize=8)
   plot = save_figure(fig, output_dir, "quality_vs_inference_flops.png")
   numbers = {"arms": {v: dict(zip(("mean", "std", "n"), _mean_sd(r))) for v, r in arms.items()},
-             "inference_flops_per_sequence": flops}
+             "inference_flops_per_sequence": flops, "task_score": task_means}
   return Analysis(verdicts, [("After instruction tuning", table)], numbers, [plot])

@@ -41,6 +41,7 @@ def sequence_lengths(cfg) -> tuple[int, int]:
 
 def measure(cfg, train_metrics: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
   """The numbers every analysis may use, from a finished run and its held-out report."""
+  from t5like.evaluation.cost import inference_flops
   from t5like.models.param_count import analytic_param_count
   from t5like.training import flops
   dec_len, enc_len = sequence_lengths(cfg)
@@ -53,7 +54,10 @@ def measure(cfg, train_metrics: dict[str, Any], report: dict[str, Any]) -> dict[
       "non_embedding_params": params - cfg.model.vocab_size * cfg.model.d_model,
       "train_flops": flops.train_flops(cfg.model, batch, dec_len, enc_len) * steps,
       "train_tokens": steps * batch * (dec_len + enc_len),
-      "inference_flops_per_sequence": flops.forward_flops(cfg.model, 1, dec_len, enc_len),
+      # Prefill of the input + KV-cache decode of the target (t5like.evaluation.cost), the same
+      # input/target lengths for both families.
+      "inference_flops_per_sequence": inference_flops(
+          cfg.model, cfg.data.inputs_length, cfg.data.targets_length)["total"],
       "steps": steps,
       "train_loss": train_metrics.get("loss"),
       "eval_loss": scores.get("eval_loss"),
@@ -110,9 +114,29 @@ def _extra_evals(run: RunSpec, result: dict[str, Any], eval_batches: int,
                                  max_batches=eval_batches, write=False)
     (scores,) = report["results"].values()
     evals[label] = {**scores, "overrides": overrides}
-  if todo:
+  tasks_todo = run.tasks and result.get("tasks", {}).get("files") != list(run.tasks)
+  if tasks_todo:
+    result["tasks"] = {"files": list(run.tasks), "scores": task_scores(result["workdir"],
+                                                                       run.tasks)}
+  if todo or tasks_todo:
     done.write_text(json.dumps(result, indent=2, sort_keys=True, default=str))
   return result
+
+
+def task_scores(workdir: str, task_paths: tuple[str, ...]) -> dict[str, dict[str, float]]:
+  """0-shot scores of the newest checkpoint on BIG-bench-format tasks ("shipped": the project's
+  small tasks): {task: {metric: value}}; a task that fails is recorded with its error."""
+  from t5like.data.vocab import get_vocabulary
+  from t5like.evaluation import bigbench
+  from t5like.evaluation.checkpoint_eval import restore_model
+  from t5like.evaluation.downstream import score_tasks
+  paths = [bigbench.shipped_tasks_dir() if p == "shipped" else p for p in task_paths]
+  tasks, errors = bigbench.load_tasks(paths)
+  model, cfg, _ = restore_model(workdir)
+  scored = score_tasks(model, get_vocabulary(cfg.data.vocab_path), tasks, shots=(0,))
+  out = {name: per["0-shot"] for name, per in scored["tasks"].items()}
+  out.update({path: {"error": e} for path, e in errors.items()})
+  return out
 
 
 def _notify(on_run, name: str, what: str) -> None:

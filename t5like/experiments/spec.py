@@ -27,6 +27,8 @@ class RunSpec:
   init_from_run: str = ""  # Finetuning: the run (same experiment) whose checkpoint starts this.
   evals: tuple[tuple[str, tuple[str, ...]], ...] = ()  # Extra held-out scores (label, overrides),
   #   e.g. longer evaluation lengths; added later without retraining (not part of the digest).
+  tasks: tuple[str, ...] = ()  # BIG-bench task files/dirs scored 0-shot after training
+  #   ("shipped" = t5like/evaluation/tasks); like ``evals``, not part of the digest.
 
   def tag(self, key: str, default: Any = None) -> Any:
     return dict(self.tags).get(key, default)
@@ -34,7 +36,7 @@ class RunSpec:
   def digest(self) -> str:
     """Changes whenever anything that defines the run changes (re-running then retrains)."""
     fields = dataclasses.asdict(self)
-    del fields["evals"]
+    del fields["evals"], fields["tasks"]
     blob = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -127,13 +127,16 @@ def test_instruction_tuning_analysis_weighs_loss_and_inference_flops(tmp_path):
 
   def run(variant, seed, loss, flops):
     return {"eval_loss": loss, "inference_flops_per_sequence": flops, "params": 1e6,
-            "tags": {"stage": "finetune", "variant": variant, "seed": seed}}
+            "tags": {"stage": "finetune", "variant": variant, "seed": seed},
+            "tasks": {"scores": {"a": {"exact_str_match": 0.5 * seed},
+                                 "b": {"multiple_choice_grade": 1.0}, "c": {"error": "x"}}}}
   res = {f"{v}{s}": run(v, s, loss + 0.01 * s, flops)
          for v, loss, flops in (("decllm", 3.0, 4e8), ("decllm_biattn", 2.8, 4e8),
                                 ("redllm", 2.99, 1.5e8)) for s in (0, 1)}
   res["pre"] = {"eval_loss": 9.0, "tags": {"stage": "pretrain", "variant": "decllm"}}
   a = instruct.analyse(_spec(analysis="instruct"), res, str(tmp_path))
   assert [v.verdict for v in a.verdicts] == ["supported", "supported"]
+  assert a.numbers["task_score"]["redllm"] == pytest.approx((0 + 1 + 0.5 + 1) / 4)  # Errors out.
   worse = dict(res, redllm0=run("redllm", 0, 3.5, 1.5e8), redllm1=run("redllm", 1, 3.51, 1.5e8))
   assert instruct.analyse(_spec(), worse, str(tmp_path)).verdicts[0].verdict == "contradicted"
 

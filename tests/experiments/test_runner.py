@@ -34,6 +34,11 @@ def test_runner_measures_runs_and_skips_finished_ones(tmp_path, monkeypatch):
   # 32 x 8192 tied embedding + one layer: FLOPs and parameters come from the run's own config.
   assert r["params"] - r["non_embedding_params"] == 32 * 8192
   assert r["train_flops"] > 0 and r["train_tokens"] == 2 * 2 * 128
+  from t5like.config import load_config
+  from t5like.evaluation.cost import inference_flops
+  cfg = load_config(os.path.join(ROOT, "configs", "tiny_decllm.py"), list(MICRO))
+  assert r["inference_flops_per_sequence"] == inference_flops(  # Prefill + KV-cache decode.
+      cfg.model, cfg.data.inputs_length, cfg.data.targets_length)["total"]
   stored = json.loads((tmp_path / "runs" / "dec" / "result.json").read_text())
   assert stored["digest"] == run.digest()
 
@@ -41,7 +46,8 @@ def test_runner_measures_runs_and_skips_finished_ones(tmp_path, monkeypatch):
   longer = dataclasses.replace(run, evals=(("x2", ("data.objective=prefix",
                                                    "data.sequence_length=256",
                                                    "data.inputs_length=128",
-                                                   "data.targets_length=128")),))
+                                                   "data.targets_length=128")),),
+                               tasks=("shipped",))
   seen.clear()
   again = run_experiment(dataclasses.replace(spec, runs=(longer,)), str(tmp_path),
                          on_run=lambda n, what: seen.append(what))
@@ -50,6 +56,11 @@ def test_runner_measures_runs_and_skips_finished_ones(tmp_path, monkeypatch):
   x2 = again["dec"]["evals"]["x2"]
   assert x2["eval_tokens"] == 2 * stored["eval_tokens"]  # Target halves twice as long.
   assert "x2" in json.loads((tmp_path / "runs" / "dec" / "result.json").read_text())["evals"]
+  # Task scores added the same way: every shipped task scored 0-shot by its own metric.
+  scores = again["dec"]["tasks"]["scores"]
+  assert set(scores) == {"antonyms", "famous_lines", "small_sums"}
+  assert 0.0 <= scores["small_sums"]["exact_str_match"] <= 1.0
+  assert 0.0 <= scores["antonyms"]["multiple_choice_grade"] <= 1.0
 
   # A changed run (here: scored on every token) is trained and scored again. Its training would
   # resume at the final step, so the trainer and scorer are replaced by recorders here.

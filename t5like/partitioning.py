@@ -19,6 +19,7 @@ A mesh axis is used at most once per array: on activations ``batch`` takes ``fsd
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Sequence
 
@@ -29,6 +30,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from t5like.config.schema import ConfigError
 from t5like.config.train import MeshConfig
+
+log = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -97,16 +100,19 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, logical_to_spec(("batch", "length")))
 
 
+def _mesh_names(entry) -> tuple[str, ...]:
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def fitted_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
   """The rule table's spec for ``axes``, leaving replicated any dimension the mesh does not divide.
 
-  (E.g. a 1-layer stack, or 3 heads on tensor=2: that dimension stays whole instead of failing.)
+  Callers that place parameters use ``plan_shardings``, which reports those dimensions first.
   """
   spec = logical_to_spec(axes)
   out = []
   for dim, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-    names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-    size = math.prod(mesh.shape[n] for n in names)
+    size = math.prod(mesh.shape[n] for n in _mesh_names(entry))
     out.append(entry if size == 1 or dim % size == 0 else None)
   return PartitionSpec(*out)
 
@@ -117,6 +123,71 @@ def tree_shardings(axes_tree, abstract_tree, mesh: Mesh):
   flat_axes = treedef.flatten_up_to(axes_tree)
   return jax.tree.unflatten(treedef, [
       NamedSharding(mesh, fitted_spec(a, x.shape, mesh)) for a, x in zip(flat_axes, leaves)])
+
+
+def _divisors(n: int) -> list[int]:
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def undivided_dims(axes_tree, abstract_tree, mesh: Mesh) -> list[str]:
+  """One line per array dimension the rule table shards but the mesh does not divide."""
+  with_path, treedef = jax.tree_util.tree_flatten_with_path(abstract_tree)
+  problems = []
+  for (path, x), axes in zip(with_path, treedef.flatten_up_to(axes_tree)):
+    spec = tuple(logical_to_spec(axes))
+    for dim, axis, entry in zip(x.shape, axes, spec + (None,) * len(x.shape)):
+      names = _mesh_names(entry)
+      size = math.prod(mesh.shape[n] for n in names)
+      if size > 1 and dim % size:
+        fits = ", ".join(str(d) for d in _divisors(dim) if 1 < d <= 4 * size) or "none"
+        problems.append(
+            f"{jax.tree_util.keystr(path)} {tuple(x.shape)} axes {tuple(axes)}: {axis}={dim} is "
+            f"not divisible by mesh {'x'.join(names)}={size} (sizes dividing {dim}: {fits})")
+  return problems
+
+
+def check_divisible(axes_tree, abstract_tree, mesh: Mesh, *, allow_replication: bool,
+                    what: str = "parameters") -> None:
+  """Raises ``ConfigError`` (before anything compiles) naming every dimension the mesh does not
+  divide, unless ``allow_replication`` (then each is logged: it will be replicated)."""
+  problems = undivided_dims(axes_tree, abstract_tree, mesh)
+  if not problems:
+    return
+  mesh_desc = ", ".join(f"{k}={v}" for k, v in mesh.shape.items())
+  head = (f"{len(problems)} {what} dimension(s) cannot be sharded on mesh {mesh_desc} as the rule "
+          "table says")
+  if allow_replication:
+    log.warning("%s; they are replicated instead (mesh.allow_replication=true):\n  %s", head,
+                "\n  ".join(problems))
+    return
+  raise ConfigError(
+      f"{head} (they would be silently replicated on every device):\n  "
+      + "\n  ".join(problems[:12]) + ("\n  ..." if len(problems) > 12 else "")
+      + "\nChange mesh.fsdp / mesh.tensor (or the model size) so that they divide these "
+      "dimensions, or set mesh.allow_replication=true to replicate them deliberately.")
+
+
+def bytes_per_device(abstract_tree, shardings) -> int:
+  """Bytes one device holds of ``abstract_tree`` laid out by ``shardings``."""
+  total = 0
+  for x, s in zip(jax.tree.leaves(abstract_tree), jax.tree.leaves(shardings)):
+    shard = s.shard_shape(x.shape)
+    total += math.prod(shard) * np.dtype(x.dtype).itemsize
+  return total
+
+
+def replicated_arrays(abstract_tree, shardings, mesh: Mesh) -> list[tuple[str, tuple, int]]:
+  """(path, shape, bytes) of the arrays every device holds whole (rule-table replication, e.g.
+  norm scales), largest first; empty on one device."""
+  if mesh.size == 1:
+    return []
+  rows = []
+  for (path, x), s in zip(jax.tree_util.tree_flatten_with_path(abstract_tree)[0],
+                          jax.tree.leaves(shardings)):
+    if x.ndim and tuple(s.shard_shape(x.shape)) == tuple(x.shape):
+      rows.append((jax.tree_util.keystr(path), tuple(x.shape),
+                   math.prod(x.shape) * np.dtype(x.dtype).itemsize))
+  return sorted(rows, key=lambda r: -r[2])
 
 
 def data_shards(mesh: Mesh) -> int:

@@ -20,6 +20,8 @@ class MeshConfig:
   data: int = 1  # Pure data-parallel replicas.
   fsdp: int = -1  # Fully-sharded data parallel (parameters sharded over 'embed').
   tensor: int = 1  # Tensor parallel (heads / mlp / vocab).
+  allow_replication: bool = False  # A parameter dimension the mesh does not divide is an error
+  #   before compile; true replicates it instead (logged with its bytes per device).
 
   def validate(self) -> "MeshConfig":
     sizes = (self.data, self.fsdp, self.tensor)

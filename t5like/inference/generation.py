@@ -140,6 +140,7 @@ def _place(params, tokens, lens, mesh: Mesh):
                                       (None,) * v.value.ndim),
                       state, is_leaf=lambda x: isinstance(x, nnx.Variable))
   pure, pure_axes = nnx.to_pure_dict(state), nnx.to_pure_dict(axes)
+  partitioning.check_divisible(pure_axes, pure, mesh, allow_replication=True)  # Logged.
   pure = jax.device_put(pure, partitioning.tree_shardings(pure_axes, pure, mesh))
   rows = partitioning.batch_sharding(mesh)
   vec = NamedSharding(mesh, PartitionSpec(rows.spec[0]))

@@ -177,6 +177,7 @@ def _run(cfg: Config, workdir: str, data, step_hook) -> dict[str, Any]:
   log.info("%s: %.3fM parameters; mesh %s over %d devices (%d processes); batch %d x %d "
            "microbatches", cfg.model.family, setup.num_params / 1e6, dict(mesh.shape),
            mesh.size, nproc, cfg.train.batch_size, cfg.train.microbatches)
+  state_lib.log_memory_layout(setup)
   ckpt_dir = cfg.checkpoint.dir or os.path.join(workdir, "checkpoints")
   ckpt = checkpointing.Checkpointer(ckpt_dir, cfg.checkpoint)
   holder = {"iter": train_iter}

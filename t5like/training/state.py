@@ -12,6 +12,7 @@ re-assembled inside the step with ``nnx.merge(graphdef, params)``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import flax.struct
@@ -25,6 +26,8 @@ from t5like import partitioning
 from t5like.config import Config
 from t5like.models import build_model
 from t5like.training import optimizer as opt_lib
+
+log = logging.getLogger(__name__)
 
 
 @flax.struct.dataclass
@@ -87,6 +90,8 @@ def build_setup(cfg: Config, mesh: Mesh) -> TrainSetup:
     abs_state = jax.eval_shape(_init_fn(cfg, tx))
   opt_axes = opt_lib.optimizer_state_axes(abs_state.opt_state, abs_params, param_axes,
                                           cfg.train.adafactor_min_dim_to_factor)
+  partitioning.check_divisible(param_axes, abs_state.params, mesh,
+                               allow_replication=cfg.mesh.allow_replication)
   replicated = NamedSharding(mesh, PartitionSpec())
   shardings = TrainState(
       step=replicated,
@@ -100,6 +105,23 @@ def build_setup(cfg: Config, mesh: Mesh) -> TrainSetup:
                     schedule=opt_lib.learning_rate_schedule(cfg.train), param_axes=param_axes,
                     abstract_state=abstract, state_shardings=shardings,
                     batch_sharding=partitioning.batch_sharding(mesh), replicated=replicated)
+
+
+def log_memory_layout(setup: TrainSetup) -> dict[str, int]:
+  """Logs (and returns) the bytes each device holds of parameters and optimizer state, and the
+  arrays the rule table replicates on every device (e.g. norm scales), largest first."""
+  state, shardings = setup.abstract_state, setup.state_shardings
+  out = {"params": partitioning.bytes_per_device(state.params, shardings.params),
+         "opt_state": partitioning.bytes_per_device(state.opt_state, shardings.opt_state)}
+  log.info("per device: parameters %.1f MiB + optimizer state %.1f MiB", out["params"] / 2**20,
+           out["opt_state"] / 2**20)
+  rows = partitioning.replicated_arrays(state.params, shardings.params, setup.mesh)
+  if rows:
+    log.info("%d parameter arrays replicated on every device (%.2f MiB per device), largest:\n"
+             "  %s", len(rows), sum(r[2] for r in rows) / 2**20,
+             "\n  ".join(f"{p} {shape}: {n:,} B" for p, shape, n in rows[:8]))
+  out["replicated_params"] = sum(r[2] for r in rows)
+  return out
 
 
 def init_state(setup: TrainSetup) -> TrainState:

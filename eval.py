@@ -61,8 +61,16 @@ def main(argv: list[str] | None = None) -> int:
   overrides = [r[len("--config."):] for r in rest]
 
   from t5like import runtime
-  from t5like.config import ConfigError
+  from t5like.config import Config, ConfigError, apply_overrides
+  from t5like.training import distributed
   runtime.init_tensorflow()  # TF (data only) off accelerators, no false cuInit error on CPU.
+  try:  # Like train.py: several hosts evaluate together (flags, JAX_* env, TPU pod, SLURM).
+    dist = Config()
+    apply_overrides(dist, [o for o in overrides if o.startswith("distributed.")])
+    distributed.initialize(dist.distributed)
+  except ConfigError as e:
+    print(f"eval error: {e}", file=sys.stderr)
+    return 2
   if args.suite:
     return _suite(args, overrides)
   if generation_cli.wants_generation(args):

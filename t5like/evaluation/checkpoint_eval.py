@@ -12,8 +12,9 @@ import time
 from typing import Any, Iterable, Sequence
 
 import jax
+from etils import epath
 
-from t5like import partitioning
+from t5like import partitioning, paths
 from t5like.config import Config, ConfigError, apply_dict, apply_overrides
 from t5like.evaluation.perplexity import held_out_metrics, pad_rows
 
@@ -34,10 +35,10 @@ def find_step_dir(path: str, step: int | None = None) -> str:
   """A workdir / checkpoints dir / step dir (and optionally a step) -> that step's directory."""
   from t5like.training import checkpointing
   if step is not None:
-    for root in (os.path.join(path, "checkpoints"), path):
-      cand = os.path.join(root, str(step))
-      if os.path.isdir(os.path.join(cand, checkpointing.STATE)):
-        return cand
+    base = epath.Path(paths.resolve(path))
+    for root in (base / "checkpoints", base):
+      if (root / str(step) / checkpointing.STATE).is_dir():
+        return os.fspath(root / str(step))
     raise FileNotFoundError(f"no checkpoint for step {step} under {path} "
                             f"(expected {path}/checkpoints/{step}/state)")
   try:
@@ -114,19 +115,17 @@ def evaluate_checkpoint(path: str, *, step: int | None = None, overrides: Sequen
       finally:
         if hasattr(it, "close"):
           it.close()
-  step_num = int(os.path.basename(step_dir))
+  step_num = int(epath.Path(step_dir).name)
   report = {"checkpoint": step_dir, "step": step_num, "family": cfg.model.family,
             "decoder_attention": cfg.model.decoder_attention,
             "objective": pipeline.resolve_objective(cfg, names[0]),
             "num_params": setup.num_params, "results": results,
             "seconds": round(time.time() - t0, 1)}
   if write and pid == 0:
-    workdir = os.path.dirname(os.path.dirname(step_dir))
-    out_dir = os.path.join(workdir, "eval")
-    os.makedirs(out_dir, exist_ok=True)
-    report["file"] = os.path.join(out_dir, f"step_{step_num}.json")
-    with open(report["file"], "w") as f:
-      json.dump(report, f, indent=2, sort_keys=True)
+    out_dir = epath.Path(step_dir).parent.parent / "eval"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report["file"] = os.fspath(out_dir / f"step_{step_num}.json")
+    epath.Path(report["file"]).write_text(json.dumps(report, indent=2, sort_keys=True))
   return report
 
 

@@ -23,6 +23,20 @@ def pad_rows(batch: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray
   return out
 
 
+def _anyone_has(has_batch: bool, has_template: bool) -> bool:
+  """Whether any process has a batch left (the same answer on every process)."""
+  if jax.process_count() == 1:
+    return has_batch
+  from jax.experimental import multihost_utils
+  flags = np.asarray(multihost_utils.process_allgather(
+      np.asarray([has_batch, has_template], np.int32))).reshape(-1, 2)
+  if flags[:, 0].any() and not flags[:, 1].all():
+    raise RuntimeError(  # Raised on every process alike (same gathered flags).
+        "a process has no held-out batch at all while others have data (its validation shard "
+        "is empty): use fewer processes for evaluation or a larger validation split")
+  return bool(flags[:, 0].any())
+
+
 def held_out_metrics(eval_step: Callable, params: Any, batches: Iterator[Mapping[str, np.ndarray]],
                      to_global: Callable[[Mapping[str, np.ndarray]], Any],
                      max_batches: int) -> dict[str, float]:
@@ -31,14 +45,21 @@ def held_out_metrics(eval_step: Callable, params: Any, batches: Iterator[Mapping
   Returns ``eval_loss`` (cross-entropy per target token, nats), ``eval_perplexity``,
   ``eval_loss_with_z``, ``eval_accuracy``, ``eval_tokens`` and ``eval_batches``; ``{}`` when the
   iterator is empty. ``max_batches <= 0`` reads the iterator to its end.
+
+  Several processes run in lock-step: before each batch they agree whether any of them still
+  has data; one whose shard is exhausted feeds all-zero rows (weight 0: the sums are unchanged),
+  so every process runs the same number of collective eval steps and none waits forever.
   """
-  sums, n = None, 0
-  for local in batches:
-    out = eval_step(params, to_global(local))
+  sums, n, template = None, 0, None
+  while not 0 < max_batches <= n:
+    local = next(batches, None)
+    if local is not None and template is None:
+      template = {k: np.zeros_like(np.asarray(v)) for k, v in local.items()}
+    if not _anyone_has(local is not None, template is not None):
+      break
+    out = eval_step(params, to_global(local if local is not None else template))
     sums = out if sums is None else jax.tree.map(lambda a, b: a + b, sums, out)
     n += 1
-    if 0 < max_batches <= n:
-      break
   if sums is None:
     return {}
   sums = {k: float(v) for k, v in jax.device_get(sums).items()}

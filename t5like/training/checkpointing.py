@@ -8,8 +8,10 @@ Layout of ``<workdir>/checkpoints/<step>/``:
 Nothing is pickled. A checkpoint restores onto any mesh / device count: the restore target is
 the new run's abstract state, whose arrays carry the new shardings.
 
-A checkpoint that fails to restore (truncated, corrupt, missing item) is reported, moved to
-``<checkpoints>/../corrupt_checkpoints/``, and the next older one is tried.
+Restore policy (``Checkpointer.restore``): storage errors are retried; a checkpoint whose own
+files are provably bad is skipped and, once an older one restores, moved to
+``<checkpoints>/../corrupt_checkpoints/`` on the same storage; anything else stops the run with
+a clear error. All hosts take the same decision. Paths may be local or URIs (``gs://``).
 """
 from __future__ import annotations
 
@@ -17,14 +19,14 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import time
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from t5like import paths
 from t5like.config import CheckpointConfig, ConfigError
 
 log = logging.getLogger("t5like.training")
@@ -79,13 +81,51 @@ ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)(DataIterat
 # ---------------------------------------------------------------------------------------------
 
 
-class Checkpointer:
-  """Saves every ``cfg.every`` steps (async), keeps the newest ``cfg.keep``, restores with
-  fallback to an older checkpoint when the newest is unreadable."""
+class RestoreError(RuntimeError):
+  """Checkpoints exist but none can be restored now; the run stops instead of starting over."""
 
-  def __init__(self, directory: str, cfg: CheckpointConfig):
-    self.directory = os.path.abspath(directory)
+
+# Substrings of errors that prove a checkpoint's own files are bad (TensorStore status codes,
+# JSON and tf.train.Checkpoint decode failures, files missing from a committed step).
+_CORRUPT = ("DATA_LOSS", "NOT_FOUND", "No such file", "does not exist", "is missing",
+            "Expecting value", "Unterminated string", "Extra data", "Invalid control character",
+            "Failed to decode", "OUT_OF_RANGE", "Unexpected end", "truncated", "checksum",
+            "corrupt", "does not match the directory name", "Error reading", "Error opening",
+            "Unable to find", "not a valid", "bad magic", "ParseError", "Could not parse",
+            "Malformed")
+# Errors of the storage, not of the files: retried with backoff.
+_TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "Connection reset",
+              "Connection refused", "timed out", "Temporary failure", "503", "429")
+
+
+def classify(error: BaseException) -> str:
+  """"transient" (retry), "corrupt" (set this checkpoint aside) or "fatal" (stop and say why)."""
+  chain, e = [], error
+  while e is not None and len(chain) < 8:  # Orbax wraps TensorStore's status in its own errors.
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  text = " | ".join(f"{type(x).__name__}: {x}" for x in chain)
+  error = chain[-1] if any(t in f"{chain[-1]}" for t in _CORRUPT + _TRANSIENT) else error
+  if "RESOURCE_EXHAUSTED" in text or isinstance(error, MemoryError):
+    return "fatal"  # Out of memory on this mesh: not the checkpoint's fault.
+  if isinstance(error, (TimeoutError, ConnectionError)) or any(t in text for t in _TRANSIENT):
+    return "transient"
+  if isinstance(error, (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError)):
+    return "corrupt"
+  if type(error).__name__ in ("DataLossError", "NotFoundError", "DecodeError"):
+    return "corrupt"
+  return "corrupt" if any(t in text for t in _CORRUPT) else "fatal"
+
+
+class Checkpointer:
+  """Saves every ``cfg.every`` steps (async), keeps the newest ``cfg.keep``, restores the newest
+  good checkpoint (restore policy: ``restore``)."""
+
+  def __init__(self, directory: str, cfg: CheckpointConfig, *, retries: int = 3,
+               backoff_s: float = 1.0):
+    self.directory = paths.resolve(directory)
     self.cfg = cfg
+    self.retries, self.backoff_s = retries, backoff_s
     self._open()
 
   def _open(self):
@@ -122,109 +162,201 @@ class Checkpointer:
     self.manager.wait_until_finished()
 
   def restore(self, abstract_state: Any, data_iterator: Any | None,
-              ) -> tuple[Any, int] | None:
-    """Restores the newest checkpoint that restores cleanly; None when there is none.
+              check_config: Callable[[dict], None] | None = None) -> Restored | None:
+    """The newest checkpoint that restores; None only when there is no checkpoint at all.
 
-    ``abstract_state``: ShapeDtypeStructs with the shardings wanted *now* (any mesh).
-    ``data_iterator``: restored in place (its position after the checkpointed step).
-    A checkpoint whose state or data item fails to read is reported and moved aside, and the
-    previous one is tried. A data iterator saved with other data settings (the pipeline raises
-    ValueError) is a configuration error, not corruption: it raises ConfigError.
+    Policy (the same decision on every host: each host's outcome is gathered and the worst
+    wins): storage errors are retried ``retries`` times with backoff; a checkpoint whose own
+    files are provably bad (``classify``) is skipped, and once an older one restores, the bad
+    newer ones are moved to ``<checkpoints>/../corrupt_checkpoints/`` on the same storage (never
+    deleted). Anything else — persistent storage errors, out of memory, or every checkpoint bad
+    — raises ``RestoreError`` naming the checkpoint: a run with checkpoints never silently
+    starts from step 0. ``check_config(saved_config)`` raises ConfigError for another
+    architecture. A data iterator saved with other data settings is a ConfigError; a host
+    without data state (fewer hosts wrote the checkpoint) makes every host restart its stream.
     """
     self.wait()
-    for step in reversed(self.all_steps()):
-      try:
-        state = self.manager.restore(
-            step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(abstract_state)}))
-        state = state[STATE]
-        if int(jax.device_get(state.step)) != step:
-          raise ValueError(f"state.step={int(state.step)} does not match the directory name")
-      except Exception as e:  # noqa: BLE001 - any failure means: try the previous one.
-        self._give_up_on(step, e)
+    steps = self.all_steps()
+    bad: list[tuple[int, str]] = []
+    for step in reversed(steps):
+      outcome, detail, state = self._try(step, abstract_state, data_iterator, check_config)
+      if outcome == "corrupt":
+        log.warning("checkpoint %s/%d cannot be restored: %s", self.directory, step, detail)
+        bad.append((step, detail))
         continue
+      if outcome == "fatal":
+        raise RestoreError(
+            f"checkpoint {self.directory}/{step} could not be restored: {detail}. Nothing was "
+            "moved or deleted; fix the cause (storage access, memory: more devices or "
+            "mesh.fsdp) and restart, or set checkpoint.resume=false to start a new run")
+      for b, _ in bad:
+        self._set_aside(b)
+      if bad:
+        log.warning("resuming from the previous good checkpoint (step %d); unreadable newer "
+                    "checkpoint(s) %s moved to %s", step, [b for b, _ in bad],
+                    self._aside_root())
+      return Restored(state, step, data_restored=outcome == "ok")
+    if bad:
+      raise RestoreError(
+          f"none of the {len(bad)} checkpoints in {self.directory} can be restored ("
+          + "; ".join(f"step {s}: {d}" for s, d in bad[:3]) + "). Nothing was moved: refusing to "
+          "start from step 0 over them. Restore them from a backup, or start over with a new "
+          "--workdir (or checkpoint.resume=false)")
+    return None
+
+  def _try(self, step, abstract_state, data_iterator, check_config):
+    """("ok" | "data_missing" | "corrupt" | "fatal", detail, state), agreed by all hosts."""
+    outcome, detail, state = "ok", "", None
+    try:
+      self._with_retries(lambda: check_metadata(paths.join(self.directory, str(step))), step)
+      saved = self._with_retries(lambda: self.saved_config(step), step)
+      if saved is None:
+        raise FileNotFoundError(f"{CONFIG}/metadata is missing")
+      if check_config is not None:
+        check_config(saved)
+      state = self._with_retries(lambda: self.manager.restore(step, args=ocp.args.Composite(
+          **{STATE: ocp.args.StandardRestore(abstract_state)}))[STATE], step)
+      if int(jax.device_get(state.step)) != step:
+        raise ValueError(f"state.step={int(state.step)} does not match the directory name")
       if data_iterator is not None:
         try:
-          self.manager.restore(
-              step, args=ocp.args.Composite(**{DATA: DataIteratorRestore(data_iterator)}))
+          self._with_retries(lambda: self.manager.restore(step, args=ocp.args.Composite(
+              **{DATA: DataIteratorRestore(data_iterator)})), step)
         except DataStateMissing as e:
-          log.warning("%s; this host's data iterator starts from the beginning", e)
+          outcome, detail = "data_missing", str(e)
         except ValueError as e:
+          if classify(e) == "corrupt":
+            raise
           raise ConfigError(
               f"cannot resume from {self.directory}/{step}: {e}. Resume with the data settings "
               "the run was saved with; or set checkpoint.restore_data=false to keep the trained "
-              "state and restart the data stream; or use a new --workdir"
-          ) from None
-        except Exception as e:  # noqa: BLE001
-          self._give_up_on(step, e)
-          continue
-      return state, step
-    return None
+              "state and restart the data stream; or use a new --workdir") from None
+    except ConfigError:
+      raise
+    except _StorageError as e:
+      outcome, detail = "fatal", str(e)
+    except Exception as e:  # noqa: BLE001 - classified: corrupt files or a reason to stop.
+      kind = classify(e)
+      outcome = "corrupt" if kind == "corrupt" else "fatal"
+      detail = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    agreed = _agree(outcome)
+    if agreed != outcome:
+      detail = detail or f"another host reported {agreed}"
+    if agreed == "data_missing":
+      log.warning("%s: every host restarts its data stream from the beginning",
+                  detail or "a host has no data state in this checkpoint")
+    return agreed, detail, state
 
-  def _give_up_on(self, step: int, error: Exception) -> None:
-    older = [s for s in self.all_steps() if s < step]
-    text = str(error).splitlines()[0][:300] if str(error) else ""
-    msg = (f"checkpoint {self.directory}/{step} failed to restore ({type(error).__name__}: "
-           f"{text}); ")
-    msg += (f"falling back to the previous checkpoint (step {older[-1]})" if older else
-            "no older checkpoint: starting from scratch")
-    log.warning(msg)
-    self._quarantine(step)
+  def _with_retries(self, fn, step):
+    for attempt in range(self.retries + 1):
+      try:
+        return fn()
+      except Exception as e:  # noqa: BLE001
+        if classify(e) != "transient":
+          raise
+        if attempt == self.retries:
+          raise _StorageError(f"storage error persisted after {self.retries + 1} attempts "
+                              f"({type(e).__name__}: {e})") from e
+        wait = self.backoff_s * 2 ** attempt
+        log.warning("reading checkpoint %s/%d: %s; retrying in %.0f s", self.directory, step, e,
+                    wait)
+        time.sleep(wait)
 
-  def _quarantine(self, step: int) -> None:
-    """Moves an unreadable checkpoint aside (kept for inspection; the step can be re-saved)."""
-    src = os.path.join(self.directory, str(step))
-    if jax.process_index() == 0 and os.path.exists(src):
-      dst_root = os.path.join(os.path.dirname(self.directory), "corrupt_checkpoints")
-      os.makedirs(dst_root, exist_ok=True)
-      shutil.move(src, os.path.join(dst_root, f"{step}-{int(time.time())}"))
+  def _aside_root(self) -> epath.Path:
+    return epath.Path(self.directory).parent / "corrupt_checkpoints"
+
+  def _set_aside(self, step: int) -> None:
+    """Moves an unreadable checkpoint next to the checkpoints, on the same storage."""
+    src = epath.Path(self.directory) / str(step)
+    if jax.process_index() == 0 and src.exists():
+      root = self._aside_root()
+      root.mkdir(parents=True, exist_ok=True)
+      src.rename(root / f"{step}-{int(time.time())}")
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
-      multihost_utils.sync_global_devices(f"t5like_quarantine_{step}")
+      multihost_utils.sync_global_devices(f"t5like_set_aside_{step}")
     self.manager.close()
     self._open()
 
   def saved_config(self, step: int) -> dict | None:
-    path = os.path.join(self.directory, str(step), CONFIG, "metadata")
-    if not os.path.exists(path):
-      return None
-    with open(path) as f:
-      return json.load(f)
+    return read_step_config(paths.join(self.directory, str(step)))
 
   def close(self) -> None:
     self.wait()
     self.manager.close()
 
 
+class Restored(NamedTuple):
+  state: Any  # The TrainState, placed as the abstract state's shardings say.
+  step: int  # Its step.
+  data_restored: bool  # False: the data iterators must restart (every host alike).
+
+
+class _StorageError(RuntimeError):
+  """A storage error that outlived the retries."""
+
+
+_RANK = {"ok": 0, "data_missing": 1, "corrupt": 2, "fatal": 3}
+
+
+def _agree(outcome: str) -> str:
+  """The worst outcome over all hosts (every host then takes the same branch)."""
+  if jax.process_count() == 1:
+    return outcome
+  import numpy as np
+  from jax.experimental import multihost_utils
+  ranks = multihost_utils.process_allgather(np.asarray(_RANK[outcome], np.int32))
+  worst = int(np.max(ranks))
+  return next(k for k, v in _RANK.items() if v == worst)
+
+
 # ---------------------------------------------------------------------------------------------
 # Parameters only, from another run (instruction tuning from a pretrained checkpoint).
 
 
+# The JSON files every committed step directory has; a missing or unparsable one proves the step
+# is damaged (Orbax itself then fails with structural errors that do not say why).
+METADATA_FILES = ("_CHECKPOINT_METADATA", f"{STATE}/_METADATA", f"{CONFIG}/metadata")
+
+
+def check_metadata(step_dir: str) -> None:
+  """Raises FileNotFoundError / JSONDecodeError for a missing or unparsable metadata file."""
+  for name in METADATA_FILES:
+    path = epath.Path(step_dir) / name
+    if not path.exists():
+      raise FileNotFoundError(f"{name} is missing")
+    try:
+      json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise json.JSONDecodeError(f"{name} is not valid JSON ({e})", "", 0) from None
+
+
 def resolve_step_dir(path: str) -> str:
   """A workdir, a checkpoints/ directory, or one ``<step>`` directory -> the step directory."""
-  p = os.path.abspath(os.path.expanduser(path))
-  if not os.path.isdir(p):
+  p = epath.Path(paths.resolve(path))
+  if not p.is_dir():
     raise FileNotFoundError(f"train.init_from={path!r}: no such directory")
-  if os.path.isdir(os.path.join(p, STATE)):
-    return p
-  if os.path.basename(p) == STATE:
-    return os.path.dirname(p)
-  for root in (os.path.join(p, "checkpoints"), p):
-    if os.path.isdir(root):
-      steps = sorted((int(d) for d in os.listdir(root)
-                      if d.isdigit() and os.path.isdir(os.path.join(root, d, STATE))))
+  if (p / STATE).is_dir():
+    return os.fspath(p)
+  if p.name == STATE:
+    return os.fspath(p.parent)
+  for root in (p / "checkpoints", p):
+    if root.is_dir():
+      steps = sorted(int(d.name) for d in root.iterdir()
+                     if d.name.isdigit() and (d / STATE).is_dir())
       if steps:
-        return os.path.join(root, str(steps[-1]))
+        return os.fspath(root / str(steps[-1]))
   raise FileNotFoundError(
       f"train.init_from={path!r} holds no checkpoint (expected <dir>/checkpoints/<step>/state, "
       f"<dir>/<step>/state or <step>/state)")
 
 
 def read_step_config(step_dir: str) -> dict | None:
-  path = os.path.join(step_dir, CONFIG, "metadata")
-  if not os.path.exists(path):
+  """The config saved with a checkpoint; None if it has none. Unparsable JSON raises."""
+  path = epath.Path(step_dir) / CONFIG / "metadata"
+  if not path.exists():
     return None
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(path.read_text())
 
 
 def restore_params(step_dir: str, abstract_params: Any) -> Any:
@@ -233,7 +365,7 @@ def restore_params(step_dir: str, abstract_params: Any) -> Any:
   restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
   with ocp.PyTreeCheckpointer() as ckptr:
     out = ckptr.restore(
-        os.path.join(step_dir, STATE),
+        paths.join(step_dir, STATE),
         args=ocp.args.PyTreeRestore(item={"params": abstract_params},
                                     restore_args={"params": restore_args},
                                     partial_restore=True))

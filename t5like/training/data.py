@@ -13,11 +13,11 @@ benchmarks); ``PipelineData`` wraps ``t5like.data.pipeline.make_iterator``.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Iterator, Mapping, Protocol
 
 import jax
 import numpy as np
+from etils import epath
 from jax.sharding import NamedSharding
 
 from t5like.config import Config, ConfigError
@@ -159,13 +159,13 @@ class SyntheticIterator:
     return batch
 
   def save(self, directory: str) -> None:
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "synthetic_iterator.json"), "w") as f:
-      json.dump({"index": self.index, "shard": self.shard, "seed": self.seed}, f)
+    path = epath.Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "synthetic_iterator.json").write_text(
+        json.dumps({"index": self.index, "shard": self.shard, "seed": self.seed}))
 
   def restore(self, directory: str) -> None:
-    with open(os.path.join(directory, "synthetic_iterator.json")) as f:
-      saved = json.load(f)
+    saved = json.loads((epath.Path(directory) / "synthetic_iterator.json").read_text())
     if (saved["seed"], saved["shard"]) != (self.seed, self.shard):
       raise ValueError(f"synthetic iterator state saved with seed/shard "
                        f"{saved['seed']}/{saved['shard']}, now {self.seed}/{self.shard}")

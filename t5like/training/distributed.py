@@ -4,7 +4,9 @@ Must run before anything touches a JAX backend. Sources, first found wins:
   ``distributed.*`` config fields  >  ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` /
   ``JAX_PROCESS_ID`` environment variables  >  auto-detection by JAX (TPU pods, SLURM, ...).
 With ``distributed.mode="auto"`` the call happens when a coordinator or more than one process is
-given, or on a multi-host TPU slice (``TPU_WORKER_HOSTNAMES`` lists several hosts). On CPU the
+given, on a multi-host TPU slice (``TPU_WORKER_HOSTNAMES`` lists several hosts), or in a SLURM
+job with several tasks; for the last two JAX reads the cluster itself
+(``jax.distributed.initialize()`` without arguments) and the log names the cluster. On CPU the
 cross-process collectives use gloo.
 """
 from __future__ import annotations
@@ -35,6 +37,16 @@ def _is_multihost_tpu() -> bool:
       os.environ.get("MEGASCALE_COORDINATOR_ADDRESS"))
 
 
+def detect_cluster() -> str:
+  """The multi-process cluster JAX can configure itself on, or "" (then flags/env decide)."""
+  if _is_multihost_tpu():
+    return "multi-host TPU slice (TPU_WORKER_HOSTNAMES / MEGASCALE_*)"
+  tasks = _env_int("SLURM_NTASKS") or _env_int("SLURM_NPROCS") or 1
+  if os.environ.get("SLURM_JOB_ID") and tasks > 1:
+    return f"SLURM job {os.environ['SLURM_JOB_ID']} ({tasks} tasks)"
+  return ""
+
+
 def _already_initialized() -> bool:
   is_init = getattr(jax.distributed, "is_initialized", None)
   if is_init is not None:
@@ -56,10 +68,13 @@ def initialize(cfg: DistributedConfig) -> bool:
   address = cfg.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS", "")
   num = cfg.num_processes or _env_int("JAX_NUM_PROCESSES") or 0
   pid = cfg.process_id if cfg.process_id >= 0 else _env_int("JAX_PROCESS_ID")
-  wanted = cfg.mode == "on" or bool(address) or num > 1 or _is_multihost_tpu()
+  cluster = detect_cluster()
+  wanted = cfg.mode == "on" or bool(address) or num > 1 or bool(cluster)
   if not wanted:
     return False
-  if (address or num) and not (address and num and pid is not None) and not _is_multihost_tpu():
+  if cluster:
+    log.info("detected cluster: %s", cluster)
+  if (address or num) and not (address and num and pid is not None) and not cluster:
     raise ConfigError(
         "a multi-process run on GPU/CPU needs all of distributed.coordinator_address "
         f"(got {address!r}), distributed.num_processes (got {num}) and distributed.process_id "

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 import time
 from typing import Any, Callable
 
 import jax
+from etils import epath
 
-from t5like import partitioning
+from t5like import partitioning, paths
 from t5like.config import Config, ConfigError, to_dict
 from t5like.evaluation.perplexity import held_out_metrics, pad_rows
 from t5like.training import checkpointing, distributed
@@ -57,6 +57,15 @@ def _arch_mismatch(saved: dict | None, cfg: Config) -> list[str]:
           for f in fields if saved["model"].get(f) != now[f]]
 
 
+def _make_workdir(workdir: str) -> None:
+  """Creates the workdir (local or URI); an unreachable bucket is a clear error, at once."""
+  try:
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  except Exception as e:  # noqa: BLE001 - storage libraries raise many types.
+    raise ConfigError(f"cannot create or reach the workdir {workdir}: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:300] if str(e) else ''}") from None
+
+
 def _setup_logging(workdir: str) -> logging.Handler | None:
   log.setLevel(logging.INFO)
   if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
@@ -67,7 +76,7 @@ def _setup_logging(workdir: str) -> logging.Handler | None:
   log.propagate = False
   if jax.process_index() != 0:
     return None
-  handler = logging.FileHandler(os.path.join(workdir, "train.log"))
+  handler = logging.StreamHandler(paths.AppendFile(paths.join(workdir, "train.log")))
   handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
   log.addHandler(handler)
   return handler
@@ -139,8 +148,8 @@ def run(cfg: Config, workdir: str, *, data: data_lib.DataSource | None = None,
   """
   cfg.validate()
   distributed.initialize(cfg.distributed)
-  workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = paths.resolve(workdir)
+  _make_workdir(workdir)
   file_handler = _setup_logging(workdir)
   try:
     return _run(cfg, workdir, data, step_hook)
@@ -148,6 +157,7 @@ def run(cfg: Config, workdir: str, *, data: data_lib.DataSource | None = None,
     if file_handler is not None:
       log.removeHandler(file_handler)
       file_handler.close()
+      file_handler.stream.close()  # Writes train.log out (a URI file is rewritten whole).
 
 
 def _run(cfg: Config, workdir: str, data, step_hook) -> dict[str, Any]:
@@ -178,7 +188,8 @@ def _run(cfg: Config, workdir: str, data, step_hook) -> dict[str, Any]:
            "microbatches", cfg.model.family, setup.num_params / 1e6, dict(mesh.shape),
            mesh.size, nproc, cfg.train.batch_size, cfg.train.microbatches)
   state_lib.log_memory_layout(setup)
-  ckpt_dir = cfg.checkpoint.dir or os.path.join(workdir, "checkpoints")
+  ckpt_dir = paths.resolve(cfg.checkpoint.dir) if cfg.checkpoint.dir else paths.join(
+      workdir, "checkpoints")
   ckpt = checkpointing.Checkpointer(ckpt_dir, cfg.checkpoint)
   holder = {"iter": train_iter}
   try:
@@ -198,21 +209,23 @@ def _train(cfg: Config, workdir: str, data, step_hook, setup, ckpt, ckpt_dir: st
   eval_rows = cfg.train.eval_batch_size or cfg.train.batch_size
   train_iter = holder["iter"]
   state, resumed_from = None, None
-  if cfg.checkpoint.resume and ckpt.all_steps():
-    bad = _arch_mismatch(ckpt.saved_config(ckpt.latest_step()), cfg)
-    if bad:
-      raise ConfigError(f"{ckpt_dir} holds checkpoints of a different model ({'; '.join(bad)});"
-                        " use a new --workdir or set checkpoint.resume=false")
+  if cfg.checkpoint.resume:
+    def check_config(saved: dict) -> None:
+      bad = _arch_mismatch(saved, cfg)
+      if bad:
+        raise ConfigError(f"{ckpt_dir} holds checkpoints of a different model "
+                          f"({'; '.join(bad)}); use a new --workdir or set "
+                          "checkpoint.resume=false")
     restored = ckpt.restore(setup.abstract_state,
-                            train_iter if cfg.checkpoint.restore_data else None)
+                            train_iter if cfg.checkpoint.restore_data else None, check_config)
     if restored is not None:
-      state, resumed_from = restored
+      state, resumed_from = restored.state, restored.step
       log.info("resumed from checkpoint %s/%d%s", ckpt_dir, resumed_from,
                "" if cfg.checkpoint.restore_data else " (data stream restarted: "
                "checkpoint.restore_data=false)")
-    else:
-      _close(train_iter)  # The failed restores may have moved it: start it afresh.
-      train_iter = holder["iter"] = _open_train_data(cfg, data, local_rows, pid, nproc)
+      if cfg.checkpoint.restore_data and not restored.data_restored:
+        _close(train_iter)  # Every host restarts its stream (agreed in restore).
+        train_iter = holder["iter"] = _open_train_data(cfg, data, local_rows, pid, nproc)
   if state is None and init_dir is not None:
     params = checkpointing.restore_params(init_dir, setup.abstract_state.params)
     state = state_lib.fresh_state_from_params(setup, params)
@@ -221,8 +234,8 @@ def _train(cfg: Config, workdir: str, data, step_hook, setup, ckpt, ckpt_dir: st
     state = state_lib.init_state(setup)
   config_dict = to_dict(cfg)
   if pid == 0:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      json.dump(config_dict, f, indent=2, sort_keys=True)
+    (epath.Path(workdir) / "config.json").write_text(
+        json.dumps(config_dict, indent=2, sort_keys=True))
 
   # ---- 3. steps ------------------------------------------------------------------------------
   train_step = step_lib.make_train_step(setup)

@@ -16,24 +16,44 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
+from t5like import paths
+
+
+class _UriSummaryWriter:
+  """``add_scalar`` / ``close`` over ``tf.summary`` (writes event files through tf.io.gfile)."""
+
+  def __init__(self, logdir: str):
+    import tensorflow as tf
+    self._tf = tf
+    self._writer = tf.summary.create_file_writer(logdir, flush_millis=30_000)
+
+  def add_scalar(self, name: str, value: float, step: int) -> None:
+    with self._writer.as_default():
+      self._tf.summary.scalar(name, value, step=step)
+
+  def close(self) -> None:
+    self._writer.close()
+
 
 class MetricsWriter:
 
   def __init__(self, workdir: str, *, total_steps: int, start_step: int, progress_bar: bool):
     self.active = jax.process_index() == 0
-    self.jsonl_path = os.path.join(workdir, "metrics.jsonl")
-    self.tb_dir = os.path.join(workdir, "tensorboard")
+    self.jsonl_path = paths.join(workdir, "metrics.jsonl")
+    self.tb_dir = paths.join(workdir, "tensorboard")
     self._tb = None
     self._bar = None
     if not self.active:
       return
-    os.makedirs(self.tb_dir, exist_ok=True)
-    try:
-      from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(self.tb_dir, flush_secs=30)
+    try:  # Local dirs: tensorboardX; URIs: TensorFlow's writer (tf.io.gfile: gs:// and others).
+      self._tb = _UriSummaryWriter(self.tb_dir) if paths.is_uri(self.tb_dir) else None
+      if self._tb is None:
+        from tensorboardX import SummaryWriter
+        os.makedirs(self.tb_dir, exist_ok=True)
+        self._tb = SummaryWriter(self.tb_dir, flush_secs=30)
     except Exception as e:  # noqa: BLE001 - TensorBoard is optional; jsonl is always written.
-      print(f"tensorboardX unavailable ({e}); writing metrics.jsonl only")
-    self._jsonl = open(self.jsonl_path, "a")
+      print(f"TensorBoard writer unavailable ({e}); writing metrics.jsonl only")
+    self._jsonl = paths.AppendFile(self.jsonl_path)
     if progress_bar:
       import sys
 
@@ -47,7 +67,7 @@ class MetricsWriter:
       return
     clean = {k: _py(v) for k, v in scalars.items()}
     self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
-    self._jsonl.flush()
+    self._jsonl.flush()  # Local: now; URI: at most every 30 s, and at close.
     if self._tb is not None:
       for k, v in clean.items():
         if isinstance(v, (int, float)) and math.isfinite(v):

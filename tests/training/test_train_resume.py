@@ -100,12 +100,12 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous(reference, tmp_p
   # Ask for the same number of steps: the run must redo steps 9..12 from checkpoint 8.
   proc = _run(workdir)
   log = proc.stdout + proc.stderr
-  assert f"checkpoints/{STEPS} failed to restore" in log
-  assert "falling back to the previous checkpoint (step 8)" in log
+  assert f"checkpoints/{STEPS} cannot be restored" in log
+  assert "resuming from the previous good checkpoint (step 8)" in log
   assert '"resumed_from_step": 8' in proc.stdout
   assert os.listdir(workdir / "corrupt_checkpoints")
   with open(workdir / "train.log") as f:
-    assert "failed to restore" in f.read()
+    assert "cannot be restored" in f.read()
   _assert_same_final_state(reference, workdir)
   redo = [r["loss"] for r in read_metrics(str(workdir)) if r["step"] == STEPS and "loss" in r]
   assert len(redo) == 2 and redo[0] == redo[1]

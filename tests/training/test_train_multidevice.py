@@ -93,7 +93,8 @@ loop.run(cfg, workdir, data=SyntheticData(cfg))
 mesh = partitioning.make_mesh(cfg.mesh)
 setup = state_lib.build_setup(cfg, mesh)
 ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), cfg.checkpoint)
-state, step = ckpt.restore(setup.abstract_state, None)
+restored = ckpt.restore(setup.abstract_state, None)
+state, step = restored.state, restored.step
 ckpt.close()
 leaves = jax.tree.leaves(jax.device_get(state))
 np.savez(os.path.join(out_dir, "state8.npz"), *leaves)
@@ -162,7 +163,8 @@ def test_checkpoint_from_8_devices_restores_on_1(report):
   assert jax.device_count() == 1
   setup = state_lib.build_setup(cfg, partitioning.make_mesh(cfg.mesh))
   ckpt = checkpointing.Checkpointer(os.path.join(out, "run8", "checkpoints"), cfg.checkpoint)
-  state, step = ckpt.restore(setup.abstract_state, None)
+  restored = ckpt.restore(setup.abstract_state, None)
+state, step = restored.state, restored.step
   ckpt.close()
   assert step == rep["ckpt_step"] == 3
   leaves = jax.tree.leaves(jax.device_get(state))

@@ -1,0 +1,249 @@
+"""``Trainer``: one training run as four verbs — restore, step, evaluate, save — and a loop.
+
+``t5like.training.loop.run`` builds it after the start-up checks and calls ``train()``; the
+order of work is in that module's docstring.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Callable
+
+import jax
+from etils import epath
+
+from t5like.config import Config, ConfigError, to_dict
+from t5like.evaluation.perplexity import held_out_metrics, pad_rows
+from t5like.training import checkpointing
+from t5like.training import data as data_lib
+from t5like.training import flops as flops_lib
+from t5like.training import state as state_lib
+from t5like.training import step as step_lib
+from t5like.training.metrics import IntervalStats, MetricsWriter
+
+log = logging.getLogger("t5like.training")
+
+
+class NonFiniteError(RuntimeError):
+  """Too many consecutive steps with a NaN/Inf loss or gradient."""
+
+
+def close_iterator(iterator) -> None:
+  if iterator is not None and hasattr(iterator, "close"):
+    iterator.close()
+
+
+class Trainer:
+  """Holds the state of one run (train state, data iterator, checkpointer, metrics)."""
+
+  def __init__(self, cfg: Config, workdir: str, data: data_lib.DataSource,
+               setup: state_lib.TrainSetup, ckpt: checkpointing.Checkpointer, train_iter: Any,
+               open_train_data: Callable[[], Any], *, init_dir: str | None = None,
+               arch_mismatch: Callable[[dict], list[str]] = lambda saved: [],
+               step_hook: Callable[[int, Any], None] | None = None, t_start: float = 0.0):
+    self.t_start = t_start or time.time()
+    self.cfg, self.workdir, self.data, self.setup, self.ckpt = cfg, workdir, data, setup, ckpt
+    self._open_train_data, self.init_dir = open_train_data, init_dir
+    self._arch_mismatch, self.step_hook = arch_mismatch, step_hook
+    self.pid, self.nproc = jax.process_index(), jax.process_count()
+    self.eval_rows = cfg.train.eval_batch_size or cfg.train.batch_size
+    self.train_iter = train_iter  # Reopened with ``open_train_data`` if hosts restart it.
+    self.state, self.resumed_from = None, None
+    self.config_dict = to_dict(cfg)
+    self.flops_per_step = self.tokens_per_step = 0.0
+    self.peak_total = flops_lib.peak_flops_per_device(
+        cfg.train.peak_flops_per_device, cfg.model.dtype) * setup.mesh.size
+    self.stats = IntervalStats()
+    self.last_logged: dict[str, float] = {}
+    self.last_eval: dict[str, float] = {}
+    self.writer: MetricsWriter | None = None
+
+  # ---- restore ---------------------------------------------------------------------------------
+  def restore(self) -> None:
+    """Newest good checkpoint (with the data position), else ``train.init_from``, else random."""
+    cfg, setup = self.cfg, self.setup
+    if cfg.checkpoint.resume:
+      def check_config(saved: dict) -> None:
+        bad = self._arch_mismatch(saved)
+        if bad:
+          raise ConfigError(f"{self.ckpt.directory} holds checkpoints of a different model "
+                            f"({'; '.join(bad)}); use a new --workdir or set "
+                            "checkpoint.resume=false")
+      restored = self.ckpt.restore(
+          setup.abstract_state, self.train_iter if cfg.checkpoint.restore_data else None,
+          check_config)
+      if restored is not None:
+        self.state, self.resumed_from = restored.state, restored.step
+        log.info("resumed from checkpoint %s/%d%s", self.ckpt.directory, restored.step,
+                 "" if cfg.checkpoint.restore_data else " (data stream restarted: "
+                 "checkpoint.restore_data=false)")
+        if cfg.checkpoint.restore_data and not restored.data_restored:
+          close_iterator(self.train_iter)  # Every host restarts its stream (agreed in restore).
+          self.train_iter = self._open_train_data()
+    if self.state is None and self.init_dir is not None:
+      params = checkpointing.restore_params(self.init_dir, setup.abstract_state.params)
+      self.state = state_lib.fresh_state_from_params(setup, params)
+      log.info("initialised parameters from %s (fresh optimizer, step 0)", self.init_dir)
+    if self.state is None:
+      self.state = state_lib.init_state(setup)
+    if self.pid == 0:
+      (epath.Path(self.workdir) / "config.json").write_text(
+          json.dumps(self.config_dict, indent=2, sort_keys=True))
+
+  # ---- evaluate --------------------------------------------------------------------------------
+  def evaluate(self) -> dict[str, float]:
+    """Held-out metrics of the current parameters (lock-step over hosts), plus extra eval sets
+    as ``eval/<name>/loss``; {} when evaluation is off or there is no held-out split."""
+    cfg = self.cfg
+    if cfg.train.eval_steps == 0:
+      return {}
+    rows, pid, nproc = self.eval_rows // self.nproc, self.pid, self.nproc
+    it = self.data.eval(rows, pid, nproc)
+    if it is None:
+      return {}
+    to_global = lambda b: data_lib.global_batch(  # noqa: E731
+        pad_rows(b, rows), self.setup.batch_sharding, self.eval_rows)
+    try:
+      out = held_out_metrics(self._eval_step, self.state.params, it, to_global,
+                             cfg.train.eval_steps)
+    finally:
+      close_iterator(it)
+    for name, extra in data_lib.extra_eval_iterators(self.data, rows, pid, nproc):
+      try:  # data.extra_eval sets (Paloma style): eval/<name>/loss, eval/<name>/accuracy.
+        m = held_out_metrics(self._eval_step, self.state.params, extra, to_global,
+                             cfg.train.eval_steps)
+      finally:
+        close_iterator(extra)
+      out.update({f"eval/{name}/{k[5:]}": m[k] for k in ("eval_loss", "eval_accuracy") if out
+                  and k in m})
+    return out
+
+  # ---- save ------------------------------------------------------------------------------------
+  def save(self, step: int) -> None:
+    """Checkpoint ``step`` unless it exists or the parameters are not finite."""
+    if step in self.ckpt.all_steps():
+      return
+    if not bool(jax.device_get(self._check_finite(self.state.params))):
+      log.error("step %d: parameters are not finite; NOT saving this checkpoint", step)
+      return
+    self.ckpt.save(step, self.state, self.config_dict, self.train_iter)
+
+  # ---- step ------------------------------------------------------------------------------------
+  def step(self, step: int) -> Any:
+    """One optimizer step on the next global batch; returns its (on-device) metrics."""
+    try:
+      local = next(self.train_iter)
+    except StopIteration:
+      raise ConfigError(f"the training data ran out at step {step}; the training iterator "
+                        "must repeat (data pipeline with repeat=True)") from None
+    batch = data_lib.global_batch(local, self.setup.batch_sharding, self.cfg.train.batch_size)
+    if not self.flops_per_step:
+      dec_len, enc_len = flops_lib.batch_lengths(batch)
+      self.flops_per_step = flops_lib.train_flops(self.cfg.model, self.cfg.train.batch_size,
+                                                  dec_len, enc_len)
+      self.tokens_per_step = self.cfg.train.batch_size * (dec_len + enc_len)
+    self.state, metrics = self._train_step(self.state, batch)
+    return metrics
+
+  def _consume(self, step: int, metrics) -> None:
+    """Host side of a finished step: non-finite guard, logging, progress bar."""
+    cfg = self.cfg
+    m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    self.stats.add(m)
+    if m["consecutive_skipped"] >= cfg.train.max_nonfinite_steps:
+      self.ckpt.wait()
+      raise NonFiniteError(
+          f"{int(m['consecutive_skipped'])} consecutive steps (up to step {step}) had a "
+          f"non-finite loss or gradient (loss={m['loss']}, grad_norm={m['grad_norm']}); each "
+          "was skipped. Lower train.learning_rate, check the data, or raise "
+          f"train.max_nonfinite_steps. Last checkpoint: {self.ckpt.latest_step()} in "
+          f"{self.ckpt.directory}")
+    if not m["finite"]:
+      self.writer.message(f"step {step}: non-finite loss/gradient, update skipped "
+                          f"({int(m['skipped_steps'])} skipped so far)")
+    if step % cfg.train.log_every == 0 or step == cfg.train.steps:
+      self.last_logged = self.stats.summary(
+          flops_per_step=self.flops_per_step, tokens_per_step=self.tokens_per_step,
+          peak_flops_total=self.peak_total, num_devices=self.setup.mesh.size)
+      self.writer.write(step, self.last_logged)
+      self.stats.reset_clock()
+    self.writer.progress(step, {"loss": self.last_logged.get("loss", m["loss"]),
+                                "tok/s": self.last_logged.get("tokens_per_sec", 0.0)})
+
+  # ---- the loop --------------------------------------------------------------------------------
+  def train(self, preemption) -> dict[str, Any]:
+    """Steps to ``train.steps`` (saving, evaluating on schedule; stopping early at a preemption
+    point after a checkpoint) and returns the final metrics."""
+    cfg = self.cfg
+    self._train_step = step_lib.make_train_step(self.setup)
+    self._eval_step = step_lib.make_eval_step(self.setup)
+    self._check_finite = jax.jit(state_lib.all_finite, out_shardings=self.setup.replicated)
+    step = start = int(jax.device_get(self.state.step))
+    total = cfg.train.steps
+    self.writer = MetricsWriter(self.workdir, total_steps=total, start_step=start,
+                                progress_bar=cfg.train.progress_bar)
+    pending, preempted = None, False
+    try:
+      while step < total:
+        metrics = self.step(step)
+        step += 1
+        if pending is not None:
+          self._consume(*pending)  # Step s-1's metrics, fetched once step s is dispatched.
+        else:
+          self.stats.reset_clock()  # Exclude compilation from the first throughput interval.
+        pending = (step, metrics)
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total:
+          self.save(step)
+        if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < total:
+          self._periodic_eval(step)
+        if self.step_hook is not None:
+          self.step_hook(step, self.ckpt)
+        if step < total and preemption.reached(step, self.ckpt.manager):
+          self._consume(*pending)
+          pending = None
+          self.writer.message(f"preemption signal at step {step}: saving a checkpoint and "
+                              "stopping")
+          self.save(step)
+          preempted = True
+          break
+      if pending is not None:
+        self._consume(*pending)
+      final_step = int(jax.device_get(self.state.step))
+      if not preempted:
+        self.last_eval = self.evaluate() or self.last_eval
+        if self.last_eval:
+          self.writer.write(final_step, self.last_eval)
+        if cfg.checkpoint.save_at_end:
+          self.save(final_step)
+      self.ckpt.wait()
+    finally:
+      self.writer.close()
+    return self._result(final_step, preempted)
+
+  def _periodic_eval(self, step: int) -> None:
+    t_eval = time.perf_counter()
+    self.last_eval = self.evaluate()
+    self.stats.pause(time.perf_counter() - t_eval)  # Eval time is not training throughput.
+    if self.last_eval:
+      self.writer.write(step, self.last_eval)
+      self.writer.message(f"step {step}: eval_loss {self.last_eval['eval_loss']:.4f}")
+
+  def _result(self, final_step: int, preempted: bool) -> dict[str, Any]:
+    result = dict(self.last_logged)
+    result.update(self.last_eval)
+    result.update({
+        "step": final_step, "preempted": preempted, "resumed_from_step": self.resumed_from,
+        "num_params": self.setup.num_params, "workdir": self.workdir,
+        "checkpoint_dir": self.ckpt.directory, "metrics_file": self.writer.jsonl_path,
+        "tensorboard_dir": self.writer.tb_dir, "wall_time_s": time.time() - self.t_start,
+        "flops_per_step": self.flops_per_step, "latest_checkpoint": self.ckpt.latest_step(),
+    })
+    log.info("done at step %d: %s", final_step,
+             ", ".join(f"{k}={v:.4g}" for k, v in result.items()
+                       if k in ("loss", "eval_loss", "eval_accuracy", "tokens_per_sec", "mfu")))
+    return result
+
+  def close(self) -> None:
+    close_iterator(self.train_iter)
+    self.ckpt.close()

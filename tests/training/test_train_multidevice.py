@@ -164,7 +164,7 @@ def test_checkpoint_from_8_devices_restores_on_1(report):
   setup = state_lib.build_setup(cfg, partitioning.make_mesh(cfg.mesh))
   ckpt = checkpointing.Checkpointer(os.path.join(out, "run8", "checkpoints"), cfg.checkpoint)
   restored = ckpt.restore(setup.abstract_state, None)
-state, step = restored.state, restored.step
+  state, step = restored.state, restored.step
   ckpt.close()
   assert step == rep["ckpt_step"] == 3
   leaves = jax.tree.leaves(jax.device_get(state))

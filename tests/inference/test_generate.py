@@ -162,6 +162,7 @@ SMALL = ["model.d_model=32", "model.num_heads=2", "model.head_dim=16", "model.d_
          "checkpoint.every=0"]
 
 
+@pytest.mark.slow  # Trains a checkpoint and starts eval.py (generate itself is tested above).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # Orbax, shape mismatch.
 def test_eval_py_prints_completions_of_a_checkpoint(tmp_path, capsys):
   from t5like.config import load_config

@@ -8,6 +8,8 @@ import os
 import socket
 import subprocess
 
+import pytest
+
 from train_helpers import (REPO, checkpoint_steps, read_metrics, runner_command, subprocess_env,
                            tiny_config)
 
@@ -51,6 +53,7 @@ def test_two_processes_agree_on_the_loss(tmp_path):
   assert {"process_0", "process_1"} <= set(os.listdir(data_dir))
 
 
+@pytest.mark.slow  # ~45 s; the single-process SIGTERM test is in the default suite.
 def test_sigterm_on_one_host_saves_the_same_step_on_both(tmp_path):
   """JAX's preemption sync point: a SIGTERM to process 1 only makes both processes save one
   agreed step and exit cleanly."""

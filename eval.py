@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--suite", default="",
                       help="comma-separated evaluations: ppl,tasks,length,cost,attention")
   parser.add_argument("--tasks", action="append", default=[],
-                      help="--suite tasks: BIG-bench JSON / FLAN jsonl files or directories "
+                      help="--suite tasks: BIG-bench JSON / FLAN jsonl files or directories, "
+                           "or seqio:NAME[@split][#N] for a registered seqio task "
                            "(default: the small tasks shipped with t5like)")
   parser.add_argument("--shots", default="0", help="--suite tasks: e.g. 0,1,5")
   parser.add_argument("--output_dir", default="", help="--suite: where reports go "

@@ -8,8 +8,8 @@ list of acceptable strings) and optional ``task_prefix``, ``example_input_prefix
 (default ``"\\n"``), ``stop_string`` / ``output_regex`` (how a generation is cut before it is
 compared: at the stop string — by default the few-shot separator — then the regex's first match,
 if given), ``metrics`` (e.g. ``multiple_choice_grade``, ``exact_str_match``) and
-``name`` / ``description``. FLAN-layout jsonl records (``inputs``, ``targets``) load as generative
-tasks. Prompts follow BIG-bench's layout; k-shot examples are drawn with a fixed seed from the
+``name`` / ``description``. FLAN-layout jsonl records (``inputs``, ``targets``) and registered
+seqio tasks (``seqio:NAME[@split][#N]``) load as generative tasks. Prompts follow BIG-bench's layout; k-shot examples are drawn with a fixed seed from the
 other examples of the task, never the scored one.
 """
 from __future__ import annotations
@@ -175,11 +175,64 @@ def load_task(path: str) -> Task:
   return Task(str(name), str(path), digest, examples, known, fmt)
 
 
-def load_tasks(paths: Sequence[str]) -> tuple[list[Task], dict[str, str]]:
-  """Tasks from files and directories (``*.json`` / ``*.jsonl``, sorted); bad files are reported
-  in the second value (path -> error) and the others still load."""
+SEQIO_PREFIX = "seqio:"
+
+
+def load_seqio_task(ref: str, cfg=None) -> Task:
+  """``seqio:NAME[@split][#N]``: the first N (default all) examples of a registered seqio task's
+  split (default ``validation``) as a generative task, from its ``inputs`` / ``targets`` text
+  (the ``*_pretokenized`` copies seqio keeps). t5like corpora (e.g. ``embedded_flan.<task>``)
+  are registered from ``cfg`` (the checkpoint's data settings) first."""
+  import seqio
+  body = ref[len(SEQIO_PREFIX):]
+  body, _, limit = body.partition("#")
+  name, _, split = body.partition("@")
+  split = split or "validation"
+  if cfg is not None:
+    from t5like.data import pipeline
+    try:
+      name = pipeline.resolve_mixture(cfg, name)
+    except ValueError as e:
+      raise TaskFormatError(f"{ref}: {e}") from None
+  task = seqio.TaskRegistry.get(name) if name in seqio.TaskRegistry.names() else None
+  if task is None:
+    raise TaskFormatError(f"{ref}: {name!r} is not a registered seqio task (mixtures: give one "
+                          "of their tasks)")
+  ds = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
+  examples = []
+  def text(rec, key: str) -> str:
+    value = rec.get(f"{key}_pretokenized", rec.get(key))
+    if isinstance(value, bytes):
+      return value.decode()
+    if value is None or key not in task.output_features:
+      raise TaskFormatError(f"{ref}: records have no {key!r} (fields: {sorted(rec)}); "
+                            "prompt/answer pairs are needed")
+    return task.output_features[key].vocabulary.decode([int(t) for t in value])  # Token ids.
+
+  for rec in ds.as_numpy_iterator():
+    examples.append(Example(text(rec, "inputs"), targets=(text(rec, "targets"),)))
+    if limit and len(examples) >= int(limit):
+      break
+  if not examples:
+    raise TaskFormatError(f"{ref}: split {split!r} has no examples")
+  fmt = dict(DEFAULTS, example_input_prefix="", example_output_prefix="\n",
+             few_shot_example_separator="\n\n")
+  digest = hashlib.sha256(json.dumps([dataclasses.astuple(e) for e in examples]).encode())
+  return Task(name, ref, digest.hexdigest(), tuple(examples), ("exact_str_match",), fmt)
+
+
+def load_tasks(paths: Sequence[str], cfg=None) -> tuple[list[Task], dict[str, str]]:
+  """Tasks from files and directories (``*.json`` / ``*.jsonl``, sorted) and registered seqio
+  tasks (``seqio:NAME[@split][#N]``, see ``load_seqio_task``); bad ones are reported in the
+  second value (path -> error) and the others still load."""
   tasks, errors = [], {}
   for path in paths:
+    if path.startswith(SEQIO_PREFIX):
+      try:
+        tasks.append(load_seqio_task(path, cfg))
+      except (TaskFormatError, ValueError) as e:
+        errors[path] = str(e)
+      continue
     p = epath.Path(path)
     files = (sorted(f for f in p.iterdir() if f.name.endswith((".json", ".jsonl")))
              if p.is_dir() else [p])

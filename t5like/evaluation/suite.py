@@ -111,7 +111,12 @@ def run_suite(paths: Sequence[str], suites: Sequence[str], *, output_dir: str,
     raise ValueError(f"unknown suite(s) {bad}; choose from {', '.join(SUITES)}")
   out = epath.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
-  tasks, task_errors = bigbench.load_tasks(list(task_paths) or [bigbench.shipped_tasks_dir()])
+  seqio_cfg = None
+  if any(t.startswith(bigbench.SEQIO_PREFIX) for t in task_paths):
+    from t5like.evaluation.checkpoint_eval import find_step_dir, load_checkpoint_config
+    seqio_cfg = load_checkpoint_config(find_step_dir(paths[0], step))  # Its data settings.
+  tasks, task_errors = bigbench.load_tasks(list(task_paths) or [bigbench.shipped_tasks_dir()],
+                                           seqio_cfg)
   results = {"suites": list(suites), "shots": list(shots), "task_errors": task_errors,
              "task_files": {t.path: t.sha256 for t in tasks}, "checkpoints": {}}
   for path in paths:

@@ -140,3 +140,33 @@ def test_generative_tasks_score_greedy_generations_by_exact_match(tmp_path):
   result = score_tasks(model, vocab, [task], shots=(0, 1), max_new_tokens=5)  # As the probe.
   assert result["tasks"]["gen"]["0-shot"] == {"exact_str_match": 0.5}
   assert "exact_str_match" in result["tasks"]["gen"]["1-shot"]
+
+
+def test_registered_seqio_tasks_load_as_generative_tasks():
+  """``seqio:NAME[@split][#N]``: the first N validation records of a registered task, in file
+  order, as prompt/answer pairs (token ids decoded back to the source text)."""
+  import io
+
+  import zstandard
+
+  from t5like.config import load_config
+  from t5like.data import tasks as data_tasks
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  cfg = load_config(os.path.join(root, "configs", "tiny_decllm_flan.py"), [])
+  name = "embedded_flan.definitions.devils_dictionary_define"
+  loaded, errors = bigbench.load_tasks([f"seqio:{name}#3", "seqio:no_such_task"], cfg)
+  assert len(loaded) == 1 and list(errors) == ["seqio:no_such_task"]
+  task = loaded[0]
+  raw = os.path.join(data_tasks.EMBEDDED_DIR, "flan", "definitions", "devils_dictionary_define",
+                     "validation.jsonl.zst")
+  with open(raw, "rb") as f:
+    text = zstandard.ZstdDecompressor().stream_reader(f).read().decode()
+  records = [json.loads(line) for line in io.StringIO(text) if line.strip()][:3]
+  # Same tokens as the source text (the vocabulary folds newlines into spaces, so compare ids).
+  from t5like.data.vocab import get_vocabulary
+  vocab = get_vocabulary(cfg.data.vocab_path)
+  assert [vocab.encode(e.input) for e in task.examples] == [vocab.encode(r["inputs"])
+                                                            for r in records]
+  assert [vocab.encode(e.targets[0]) for e in task.examples] == [vocab.encode(r["targets"])
+                                                                 for r in records]
+  assert task.metrics == ("exact_str_match",) and task.path == f"seqio:{name}#3"

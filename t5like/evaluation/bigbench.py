@@ -9,8 +9,9 @@ list of acceptable strings) and optional ``task_prefix``, ``example_input_prefix
 compared: at the stop string — by default the few-shot separator — then the regex's first match,
 if given), ``metrics`` (e.g. ``multiple_choice_grade``, ``exact_str_match``) and
 ``name`` / ``description``. FLAN-layout jsonl records (``inputs``, ``targets``) and registered
-seqio tasks (``seqio:NAME[@split][#N]``) load as generative tasks. Prompts follow BIG-bench's layout; k-shot examples are drawn with a fixed seed from the
-other examples of the task, never the scored one.
+seqio tasks (``seqio:NAME[@split][#N]``) load as generative tasks. Prompts follow BIG-bench's
+layout; k-shot examples are drawn with a fixed seed from the other examples of the task, never
+the scored one.
 """
 from __future__ import annotations
 

@@ -19,10 +19,13 @@ import dataclasses
 import functools
 import json
 import os
+import pathlib
+import tempfile
 import weakref
 from typing import Any, Iterator, Mapping
 
 import numpy as np
+from etils import epath
 
 from t5like.data import features, tasks
 
@@ -194,6 +197,11 @@ def _close_all() -> None:
     it.close()
 
 
+class DataLayoutChanged(FileNotFoundError):
+  """The saved data state is for another number of shards: not damage, a restart of the
+  stream (the trainer then restarts every host's stream alike)."""
+
+
 class DataIterator(Iterator[dict[str, np.ndarray]]):
   """Iterator of numpy batches with exact save/restore of its position and record statistics."""
 
@@ -225,37 +233,47 @@ class DataIterator(Iterator[dict[str, np.ndarray]]):
     self.batches_read += 1
     return {k: v.numpy() for k, v in batch.items()}
 
-  def _prefix(self, directory: str) -> str:
-    return os.path.join(
-        directory, f"data_iterator-{self._shard_index:05d}-of-{self._num_shards:05d}")
+  def _name(self) -> str:
+    return f"data_iterator-{self._shard_index:05d}-of-{self._num_shards:05d}"
 
   def save(self, directory: str) -> str:
-    """Writes this host's iterator state under ``directory``; returns the checkpoint prefix."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    """Writes this host's iterator state under ``directory``; returns the checkpoint prefix.
 
-    tf.io.gfile.makedirs(directory)
-    prefix = self._prefix(directory)
-    self._checkpoint.write(prefix)
-    with tf.io.gfile.GFile(prefix + ".json", "w") as f:
-      json.dump({"fingerprint": self._fingerprint, "batches_read": self.batches_read}, f,
-                sort_keys=True)
-    return prefix
+    ``tf.train.Checkpoint`` writes a local staging copy that is then copied through epath, so
+    the state reaches a URI by the same file layer as the rest of the checkpoint.
+    """
+    target = epath.Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="t5like_data_state_") as tmp:
+      self._checkpoint.write(os.path.join(tmp, self._name()))
+      for f in sorted(os.listdir(tmp)):
+        (target / f).write_bytes(pathlib.Path(tmp, f).read_bytes())
+    (target / f"{self._name()}.json").write_text(json.dumps(
+        {"fingerprint": self._fingerprint, "batches_read": self.batches_read}, sort_keys=True))
+    return os.fspath(target / self._name())
 
   def restore(self, directory: str) -> None:
     """Restores the state written by `save` for the same config, split and shard."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-    prefix = self._prefix(directory)
-    if not tf.io.gfile.exists(prefix + ".json"):
-      raise FileNotFoundError(f"no data iterator state {prefix}.json (saved by DataIterator.save "
-                              f"for shard {self._shard_index} of {self._num_shards})")
-    with tf.io.gfile.GFile(prefix + ".json") as f:
-      meta = json.load(f)
+    source, name = epath.Path(directory), self._name()
+    if not (source / f"{name}.json").exists():
+      others = sorted(p.name for p in source.glob("data_iterator-*.json"))
+      if others:
+        raise DataLayoutChanged(
+            f"{source} holds data iterator states {others}, not {name}.json: the checkpoint "
+            f"was written with another number of data shards (hosts)")
+      raise FileNotFoundError(f"no data iterator state {source / name}.json (saved by "
+                              f"DataIterator.save for shard {self._shard_index} of "
+                              f"{self._num_shards})")
+    meta = json.loads((source / f"{name}.json").read_text())
     diff = _diff(meta["fingerprint"], self._fingerprint)
     if diff:
       raise ValueError(f"data iterator state in {directory} was saved with other data settings; "
                        f"differences (saved -> now): {'; '.join(diff)}")
-    self._checkpoint.read(prefix).assert_consumed()
+    with tempfile.TemporaryDirectory(prefix="t5like_data_state_") as tmp:
+      for f in source.glob(f"{name}.*"):
+        if f.name != f"{name}.json":
+          pathlib.Path(tmp, f.name).write_bytes(f.read_bytes())
+      self._checkpoint.read(os.path.join(tmp, name)).assert_consumed()
     self.batches_read = int(meta["batches_read"])
 
   def stats(self) -> dict[str, Any]:

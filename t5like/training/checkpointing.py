@@ -28,6 +28,7 @@ from etils import epath
 
 from t5like import paths
 from t5like.config import CheckpointConfig, ConfigError
+from t5like.data.pipeline import DataLayoutChanged
 
 log = logging.getLogger("t5like.training")
 
@@ -205,8 +206,9 @@ class Checkpointer:
     return None
 
   def _try(self, step, abstract_state, data_iterator, check_config):
-    """("ok" | "data_missing" | "corrupt" | "fatal", detail, state), agreed by all hosts."""
-    outcome, detail, state = "ok", "", None
+    """("ok" | "data_missing" | "corrupt" | "fatal", detail, state), agreed by all hosts; a
+    ConfigError on any host is raised on every host (after the agreement, so none waits)."""
+    outcome, detail, state, config_error = "ok", "", None, None
     try:
       self._with_retries(lambda: check_metadata(paths.join(self.directory, str(step))), step)
       saved = self._with_retries(lambda: self.saved_config(step), step)
@@ -222,7 +224,7 @@ class Checkpointer:
         try:
           self._with_retries(lambda: self.manager.restore(step, args=ocp.args.Composite(
               **{DATA: DataIteratorRestore(data_iterator)})), step)
-        except DataStateMissing as e:
+        except (DataStateMissing, DataLayoutChanged) as e:
           outcome, detail = "data_missing", str(e)
         except ValueError as e:
           if classify(e) == "corrupt":
@@ -231,8 +233,8 @@ class Checkpointer:
               f"cannot resume from {self.directory}/{step}: {e}. Resume with the data settings "
               "the run was saved with; or set checkpoint.restore_data=false to keep the trained "
               "state and restart the data stream; or use a new --workdir") from None
-    except ConfigError:
-      raise
+    except ConfigError as e:
+      outcome, detail, config_error = "config", str(e), e
     except _StorageError as e:
       outcome, detail = "fatal", str(e)
     except Exception as e:  # noqa: BLE001 - classified: corrupt files or a reason to stop.
@@ -240,6 +242,10 @@ class Checkpointer:
       outcome = "corrupt" if kind == "corrupt" else "fatal"
       detail = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     agreed = _agree(outcome)
+    if agreed == "config":
+      raise config_error or ConfigError(
+          f"cannot resume from {self.directory}/{step}: another host found a configuration "
+          "mismatch (its log says which)")
     if agreed != outcome:
       detail = detail or f"another host reported {agreed}"
     if agreed == "data_missing":
@@ -296,7 +302,7 @@ class _StorageError(RuntimeError):
   """A storage error that outlived the retries."""
 
 
-_RANK = {"ok": 0, "data_missing": 1, "corrupt": 2, "fatal": 3}
+_RANK = {"ok": 0, "data_missing": 1, "corrupt": 2, "fatal": 3, "config": 4}
 
 
 def _agree(outcome: str) -> str:

@@ -15,24 +15,44 @@ from typing import Any, Mapping
 
 import jax
 import numpy as np
+from etils import epath
 
 from t5like import paths
 
 
-class _UriSummaryWriter:
-  """``add_scalar`` / ``close`` over ``tf.summary`` (writes event files through tf.io.gfile)."""
+class _UriEventFile:
+  """An event file on a URI for tensorboardX: object stores cannot append, so the bytes are
+  kept in memory and rewritten whole through epath on every flush (tensorboardX flushes every
+  ``flush_secs``) and at close."""
 
-  def __init__(self, logdir: str):
-    import tensorflow as tf
-    self._tf = tf
-    self._writer = tf.summary.create_file_writer(logdir, flush_millis=30_000)
+  def __init__(self, path: str):
+    self._path, self._buf = epath.Path(path), bytearray()
 
-  def add_scalar(self, name: str, value: float, step: int) -> None:
-    with self._writer.as_default():
-      self._tf.summary.scalar(name, value, step=step)
+  def write(self, data: bytes) -> None:
+    self._buf += data
+
+  def flush(self) -> None:
+    self._path.write_bytes(bytes(self._buf))
 
   def close(self) -> None:
-    self._writer.close()
+    self.flush()
+
+
+class _UriEventFiles:
+  """tensorboardX writer factory for URI schemes (replaces its own ``gs://`` writer, which
+  needs google-cloud-storage): every file the project writes goes through one layer, epath."""
+
+  def open(self, path: str) -> _UriEventFile:
+    return _UriEventFile(path)
+
+  def directory_check(self, path: str) -> None:
+    epath.Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def _register_uri_event_files() -> None:
+  from tensorboardX import record_writer
+  for scheme in ("gs", "s3", "az"):
+    record_writer.register_writer_factory(scheme, _UriEventFiles())
 
 
 class MetricsWriter:
@@ -45,12 +65,13 @@ class MetricsWriter:
     self._bar = None
     if not self.active:
       return
-    try:  # Local dirs: tensorboardX; URIs: TensorFlow's writer (tf.io.gfile: gs:// and others).
-      self._tb = _UriSummaryWriter(self.tb_dir) if paths.is_uri(self.tb_dir) else None
-      if self._tb is None:
-        from tensorboardX import SummaryWriter
+    try:  # tensorboardX; event files on URIs through epath (`_UriEventFiles`).
+      from tensorboardX import SummaryWriter
+      if paths.is_uri(self.tb_dir):
+        _register_uri_event_files()
+      else:
         os.makedirs(self.tb_dir, exist_ok=True)
-        self._tb = SummaryWriter(self.tb_dir, flush_secs=30)
+      self._tb = SummaryWriter(self.tb_dir, flush_secs=30)
     except Exception as e:  # noqa: BLE001 - TensorBoard is optional; jsonl is always written.
       print(f"TensorBoard writer unavailable ({e}); writing metrics.jsonl only")
     self._jsonl = paths.AppendFile(self.jsonl_path)

@@ -88,3 +88,49 @@ def test_sigterm_on_one_host_saves_the_same_step_on_both(tmp_path):
   assert results[0]["preempted"] and results[1]["preempted"]
   assert results[0]["step"] == results[1]["step"] < 200
   assert checkpoint_steps(str(tmp_path)) == [results[0]["step"]]
+
+
+def _run_processes(cfg, workdir, n: int, devices: int) -> list[tuple[dict, str]]:
+  address = f"127.0.0.1:{_free_port()}"
+  procs = [subprocess.Popen(
+      runner_command(cfg, workdir, data="pipeline", distributed={
+          "coordinator_address": address, "num_processes": n, "process_id": pid}
+          if n > 1 else None),
+      cwd=REPO, env=subprocess_env(devices=devices), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True) for pid in range(n)]
+  outs = []
+  try:
+    for p in procs:
+      out, err = p.communicate(timeout=400)
+      assert p.returncode == 0, err[-5000:]
+      line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1]
+      outs.append((json.loads(line[len("RESULT "):]), err))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  return outs
+
+
+@pytest.mark.slow  # ~1.5 minutes: one single-process run, then two processes resume it.
+def test_more_hosts_than_saved_data_states_restart_every_stream_together(tmp_path):
+  """A checkpoint written by 1 process (2 devices) is resumed by 2 processes (1 device each):
+  process 0 finds a data state for another shard count, process 1 none at all. Both agree to
+  restart their data streams (none raises alone, none waits alone) and train on together."""
+  cfg = tiny_config("decllm", steps=2)
+  cfg.model.vocab_size = 8192  # The embedded corpus and its vocabulary.
+  cfg.checkpoint.every = 0
+  ((first, _),) = _run_processes(cfg, str(tmp_path), n=1, devices=2)
+  assert first["step"] == 2
+  data = tmp_path / "checkpoints" / "2" / "data"
+  assert [d for d in os.listdir(data) if d.startswith("process_")] == ["process_0"]
+
+  cfg.train.steps = 4
+  (r0, err0), (r1, err1) = _run_processes(cfg, str(tmp_path), n=2, devices=1)
+  for err in (err0, err1):
+    assert "every host restarts its data stream" in err, err[-3000:]
+  assert "data_iterator-00000-of-00001.json" in err0  # Shard layout changed on process 0.
+  assert "process_1 is missing" in err1
+  assert r0["step"] == r1["step"] == 4 and r0["loss"] == r1["loss"]
+  assert checkpoint_steps(str(tmp_path)) == [2, 4]
+  assert {"process_0", "process_1"} <= set(os.listdir(tmp_path / "checkpoints" / "4" / "data"))

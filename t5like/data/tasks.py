@@ -67,7 +67,8 @@ def seqio_name(name: str, variant: str) -> str:
 
 def default_tfds_dir(name: str, root: str) -> str:
   cache = os.environ.get("T5LIKE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "t5like"))
-  digest = hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:8] if root else "noroot"
+  from t5like import paths  # pylint: disable=g-import-not-at-top
+  digest = hashlib.sha256(paths.resolve(root).encode()).hexdigest()[:8] if root else "noroot"
   return os.path.join(cache, "tfds", f"{name}-{digest}")
 
 

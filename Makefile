@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install demo test test-slow test-aot tpu-table bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,10 +28,31 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow $(PYTEST_ARGS)
 
+# Ahead-of-time TPU compiles (marked `aot`) in their own environment with libtpu: libtpu is kept
+# out of the default one because on a host without TPUs it logs errors at every JAX start-up.
+TPU_VENV ?= .venv-tpu
+TPU_PY := $(TPU_VENV)/bin/python
+TPU_STAMP := $(TPU_VENV)/.installed
+
+$(TPU_STAMP): pyproject.toml
+	test -x $(TPU_PY) || $(PYTHON) -m venv $(TPU_VENV)
+	$(TPU_PY) -m pip install --quiet --upgrade pip
+	$(TPU_PY) -m pip install --quiet -e '.[test,tpu]'
+	touch $(TPU_STAMP)
+
+test-aot: $(TPU_STAMP)
+	ALLOW_MULTIPLE_LIBTPU_LOAD=1 $(TPU_PY) -m pytest -q -p no:cacheprovider -m aot $(PYTEST_ARGS)
+
+# The paper table of README "Before renting a pod": every paper config compiled for v5p-128 and
+# v5e-256 (about 1-2 hours on 2 cores; resumes from runs/tpu_table.json).
+tpu-table: $(TPU_STAMP)
+	ALLOW_MULTIPLE_LIBTPU_LOAD=1 $(TPU_PY) -m t5like.tools.tpu_table --readme README.md \
+	  --splash_configs decllm_1b redllm_1b decllm_prefix_1b_flan $(TABLE_ARGS)
+
 bench: $(STAMP)
 	$(PY) benchmarks/data_throughput.py
 	$(PY) benchmarks/train_throughput.py
 	$(PY) benchmarks/decode_throughput.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(TPU_VENV) runs .pytest_cache

@@ -28,6 +28,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                       help="checkpoints, metrics and logs go here (default: runs/<config name>)")
   parser.add_argument("--print_config", action="store_true",
                       help="print the resolved config as JSON and exit")
+  parser.add_argument("--compile_only", action="store_true",
+                      help="compile the train and eval steps, print memory per chip, FLOPs and a "
+                           "roofline step time, and exit (nothing is trained or written)")
+  parser.add_argument("--topology", default="",
+                      help="with --compile_only: compile for a TPU slice that need not exist "
+                           "here, e.g. v5p-128, v5e-256, v6e-64, v5p:4x4x4 (needs libtpu: "
+                           "pip install -e '.[tpu]')")
   args, rest = parser.parse_known_args(argv)
   overrides, i = [], 0
   while i < len(rest):
@@ -55,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
   if args.print_config:
     print(to_json(cfg))
     return 0
+  if args.topology and not args.compile_only:
+    print("config error: --topology needs --compile_only", file=sys.stderr)
+    return 2
+  if args.compile_only:
+    return _compile_only(cfg, args)
   from t5like import runtime
   runtime.init_tensorflow()  # TF (data only) off accelerators, no false cuInit error on CPU.
   name = os.path.splitext(os.path.basename(args.config))[0]
@@ -74,6 +86,18 @@ def main(argv: list[str] | None = None) -> int:
   print(f"tensorboard: tensorboard --logdir {result['tensorboard_dir']}")
   print(f"log:         {os.path.join(result['workdir'], 'train.log')}")
   return 0
+
+
+def _compile_only(cfg, args) -> int:
+  from t5like.config import ConfigError
+  from t5like.training import aot
+  try:
+    report = aot.run_compile_only(cfg, args.topology)
+  except ConfigError as e:
+    print(f"config error: {e}", file=sys.stderr)
+    return 2
+  print(aot.format_report(os.path.splitext(os.path.basename(args.config))[0], report))
+  return 0 if report["fits"] else 1
 
 
 if __name__ == "__main__":

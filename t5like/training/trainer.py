@@ -15,7 +15,7 @@ from etils import epath
 
 from t5like.config import Config, ConfigError, to_dict
 from t5like.evaluation.perplexity import held_out_metrics, pad_rows
-from t5like.training import checkpointing
+from t5like.training import aot, checkpointing
 from t5like.training import data as data_lib
 from t5like.training import flops as flops_lib
 from t5like.training import state as state_lib
@@ -58,6 +58,7 @@ class Trainer:
     self.last_logged: dict[str, float] = {}
     self.last_eval: dict[str, float] = {}
     self.writer: MetricsWriter | None = None
+    self._compiled_step = None  # The train step compiled for this run's shapes (``step``).
 
   # ---- restore ---------------------------------------------------------------------------------
   def restore(self) -> None:
@@ -143,7 +144,10 @@ class Trainer:
       self.flops_per_step = flops_lib.train_flops(self.cfg.model, self.cfg.train.batch_size,
                                                   dec_len, enc_len)
       self.tokens_per_step = self.cfg.train.batch_size * (dec_len + enc_len)
-    self.state, metrics = self._train_step(self.state, batch)
+    if self._compiled_step is None:  # Compiled ahead of the first step: memory checked first.
+      self._compiled_step = self._train_step.lower(self.state, batch).compile()
+      aot.check_fits(self.cfg, self.setup, self._compiled_step)
+    self.state, metrics = self._compiled_step(self.state, batch)
     return metrics
 
   def _consume(self, step: int, metrics) -> None:

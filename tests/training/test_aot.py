@@ -1,0 +1,104 @@
+"""Ahead-of-time compilation (``t5like/training/aot.py``): the compile-only report on the local
+CPU devices, the memory check that stops a run before its first step, and — with libtpu
+(``make test-aot``) — compiles for TPU topologies that do not exist here."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from t5like.config import ConfigError
+from t5like.training import aot, flops, run
+from t5like.training.data import SyntheticData
+from train_helpers import REPO, subprocess_env, tiny_config
+
+
+@pytest.mark.parametrize("name, topology", [
+    ("v5p-128", "v5p:4x4x4"), ("v5p-8", "v5p:2x2x1"), ("v5p-256", "v5p:4x4x8"),
+    ("v5e-256", "v5e:16x16"), ("v6e-64", "v6e:8x8"), ("v4-32", "v4:2x2x4"),
+    ("v5p:2x2x2", "v5p:2x2x2")])
+def test_slice_names_map_to_topologies(name, topology):
+  assert aot.parse_topology(name)[1] == topology
+
+
+@pytest.mark.parametrize("bad", ["v9-8", "v5p-6", "v5e-12", "tpu"])
+def test_bad_slice_names_are_clear_errors(bad):
+  with pytest.raises(ConfigError, match="v5p|slice"):
+    aot.parse_topology(bad)
+
+
+def test_local_report_counts_flops_and_microbatches_shrink_temporaries():
+  cfg = tiny_config("decllm", batch_size=32, length=64)
+  cfg.model.vocab_size = 4096  # Logits dominate the temporaries.
+  one = aot.compile_report(cfg, eval_step=False)
+  cfg.train.microbatches = 4
+  four = aot.compile_report(cfg, eval_step=False)
+  assert one["fits"] and one["hbm_bytes"] > 0
+  assert one["flops_per_chip"] == flops.train_flops(cfg.model, 32, 64, 0)
+  assert four["train"]["temporaries"] < 0.6 * one["train"]["temporaries"]
+  assert one["largest_consumer"][0].startswith("logits")
+
+
+def test_a_step_that_cannot_fit_stops_before_it_runs(tmp_path):
+  cfg = tiny_config("decllm", steps=2, batch_size=64, length=1024)
+  cfg.model.vocab_size = 1 << 17  # [64, 1024, 131072] f32 logits: 32 GiB each.
+  with pytest.raises(ConfigError, match=r"GiB per device.*Largest consumer \(estimate\): logits"):
+    run(cfg, str(tmp_path / "run"), data=SyntheticData(cfg))
+  assert not (tmp_path / "run" / "checkpoints").exists() or not os.listdir(
+      tmp_path / "run" / "checkpoints")
+
+
+def test_train_py_compile_only_prints_the_report_and_writes_nothing(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, os.path.join(REPO, "train.py"), "--config",
+       os.path.join(REPO, "configs", "tiny_redllm.py"), "--compile_only"],
+      cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "train step per chip" in proc.stdout and "eval step per chip" in proc.stdout
+  assert "FLOPs per chip per step" in proc.stdout
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.aot
+def test_tpu_topology_reports_hbm_and_a_config_that_does_not_fit():
+  cfg = tiny_config("redllm", batch_size=16)
+  chip, devices = aot.topology_devices("v5e-4")
+  small = aot.compile_report(cfg, devices, chip=chip)
+  assert "TPU" in small["device_kind"] and small["devices"] == 4
+  assert small["hbm_bytes"] == 16 * aot.GiB and small["fits"]
+  assert 0 < small["mfu"] <= 1 and small["step_s"] >= small["compute_s"] > 0
+
+  big = tiny_config("decllm", batch_size=64, length=2048)
+  big.model.vocab_size = 1 << 16  # 16 rows per chip x 2048 x 65536 f32 logits: 8 GiB a copy.
+  report = aot.compile_report(big, devices, chip=chip, eval_step=False)
+  assert not report["fits"] and report["train"]["peak"] > 0.8 * chip.hbm_bytes
+  assert report["largest_consumer"][0].startswith("logits")
+  assert "DOES NOT FIT" in aot.format_report("big", report)
+
+
+@pytest.mark.aot
+def test_train_py_compile_only_for_a_tpu_slice(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, os.path.join(REPO, "train.py"), "--config",
+       os.path.join(REPO, "configs", "tiny_decllm_prefix.py"), "--compile_only",
+       "--topology", "v5p-8"], cwd=tmp_path, env=subprocess_env(), capture_output=True,
+      text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "4 x TPU v5" in proc.stdout and "memory per chip 95.0 GiB: fits" in proc.stdout
+  assert "roofline" in proc.stdout
+
+
+@pytest.mark.aot
+def test_splash_kernel_compiles_for_tpu_and_does_not_hold_the_score_matrices():
+  """At length 2048 the xla path keeps [batch, heads, 2048, 2048] scores for the backward pass;
+  the splash kernel (real Mosaic kernel here, not interpret mode) keeps O(length)."""
+  chip, devices = aot.topology_devices("v5e-4")
+  temps = {}
+  for impl in ("xla", "splash"):
+    cfg = tiny_config("decllm", prefix=True, batch_size=8, length=2048)
+    cfg.model.attention_impl = impl
+    temps[impl] = aot.compile_report(cfg, devices, chip=chip, eval_step=False)["train"][
+        "temporaries"]
+  assert temps["splash"] < 0.6 * temps["xla"], temps

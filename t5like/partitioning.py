@@ -195,3 +195,19 @@ def data_shards(mesh: Mesh) -> int:
   spec = logical_to_spec(("batch",))[0]
   names = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
   return math.prod(mesh.shape[n] for n in names)
+
+
+def shard_map_logical(fn, in_axes: Sequence[Sequence[str | None]],
+                      out_axes: Sequence[str | None]):
+  """``fn`` run once per shard of the current mesh (``jax.set_mesh``), its arguments split by
+  the rule table: for custom kernels (Pallas) that XLA cannot partition itself. A dimension the
+  mesh does not divide stays whole on every device. Outside a mesh, ``fn`` itself."""
+  def wrapped(*args):
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+      return fn(*args)
+    in_specs = tuple(fitted_spec(a, x.shape, mesh) for a, x in zip(in_axes, args))
+    out_spec = fitted_spec(out_axes, args[0].shape, mesh)  # Output shaped like the first arg.
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_spec,
+                         check_vma=False)(*args)
+  return wrapped

@@ -31,6 +31,10 @@ class Config:
   def validate(self) -> "Config":
     for f in dataclasses.fields(self):
       getattr(self, f.name).validate()
+    if self.model.attention_impl == "cudnn" and self.data.pack:
+      raise ConfigError("model.attention_impl='cudnn' cannot isolate packed examples (its API "
+                        "takes sequence lengths, not segment ids): set data.pack=False, or use "
+                        "model.attention_impl='xla' (GPU) or 'splash' (TPU)")
     return self
 
 

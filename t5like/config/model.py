@@ -11,6 +11,7 @@ MIXED_ATTENTION = ("none", "per_head", "per_layer")
 ATTN_OUT_NORM_SCOPES = ("per_head", "all_heads")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "attention_out")
 DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_IMPLS = ("xla", "splash", "cudnn")
 
 
 @dataclasses.dataclass
@@ -50,6 +51,9 @@ class ModelConfig:
   #   Python loop. Parameters are stacked [layers, ...] either way, so checkpoints are identical.
   remat_policy: str = "none"  # Rematerialisation per layer: "none", "full" (save nothing),
   #   "dots" (save matmul outputs), "dots_no_batch" (save weight matmuls only), "attention_out".
+  attention_impl: str = "xla"  # Training-time attention: "xla" (any device; builds the
+  #   [batch, heads, q, kv] mask), "splash" (TPU Pallas kernel, block-sparse masks + segment ids;
+  #   interpret mode on CPU) or "cudnn" (GPU fused kernel; unpacked rows, causal/full masks only).
 
   @property
   def kv_heads(self) -> int:
@@ -62,6 +66,8 @@ class ModelConfig:
     check_choice("model.attn_out_norm_scope", self.attn_out_norm_scope, ATTN_OUT_NORM_SCOPES)
     check_choice("model.remat_policy", self.remat_policy, REMAT_POLICIES)
     check_choice("model.dtype", self.dtype, DTYPES)
+    check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+    self._check_attention_impl()
     check_choice("model.param_dtype", self.param_dtype, DTYPES)
     for name in ("vocab_size", "d_model", "num_heads", "head_dim", "d_ff"):
       check_positive(f"model.{name}", getattr(self, name))
@@ -97,6 +103,24 @@ class ModelConfig:
             "model.decoder_attention='prefix' is a DecLLM option; RedLLM's encoder is already "
             "bidirectional over the input. Use model.decoder_attention='causal' with RedLLM")
     return self
+
+  def _check_attention_impl(self) -> None:
+    impl = self.attention_impl
+    if impl == "xla":
+      return
+    if self.dropout_rate > 0:
+      raise ConfigError(f"model.attention_impl={impl!r} has no dropout on attention "
+                        "probabilities; use model.dropout_rate=0 or model.attention_impl='xla'")
+    bidir = self.family == "redllm" or self.decoder_attention == "prefix"
+    if impl == "splash" and self.decoder_attention == "prefix" and self.mixed_attention != "none":
+      raise ConfigError("model.attention_impl='splash' has no mixed forward/backward PrefixLM "
+                        "mask; use model.attention_impl='xla' with model.mixed_attention="
+                        f"{self.mixed_attention!r}")
+    if impl == "cudnn" and (self.decoder_attention == "prefix"
+                            or (bidir and self.mixed_attention != "none")):
+      raise ConfigError("model.attention_impl='cudnn' expresses causal and full attention only "
+                        "(no prefix or mixed forward/backward masks); use 'xla' (GPU) or "
+                        "'splash' (TPU)")
 
 
 # The paper's sizes (docs/paper.md §1: d_h = 128, FFN = 4d, vocab 32,768, all embeddings tied).

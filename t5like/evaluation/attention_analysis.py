@@ -84,7 +84,7 @@ def attention_maps(model, batch: Mapping[str, jax.Array]) -> list[LayerMaps]:
     pos = batch.get("decoder_positions", default_positions(tokens))
     prefix = batch.get("decoder_causal_attention")
     ctx = self_context(cfg, seg, pos, cfg.decoder_attention,
-                       prefix if cfg.decoder_attention == "prefix" else None)
+                       prefix if cfg.decoder_attention == "prefix" else None, materialize=True)
     valid = np.asarray(seg) == 1
     if prefix is not None:  # Compare every attention kind on the same (input) tokens.
       valid &= np.asarray(prefix) > 0
@@ -93,14 +93,14 @@ def attention_maps(model, batch: Mapping[str, jax.Array]) -> list[LayerMaps]:
   enc_tokens, dec_tokens = batch["encoder_input_tokens"], batch["decoder_input_tokens"]
   eseg = batch.get("encoder_segment_ids", (enc_tokens != 0).astype(jnp.int32))
   epos = batch.get("encoder_positions", default_positions(enc_tokens))
-  ectx = self_context(cfg, eseg, epos, "bidirectional")
+  ectx = self_context(cfg, eseg, epos, "bidirectional", materialize=True)
   enc_valid = np.asarray(eseg) == 1
   x, maps = _self_maps(model.encoder, "encoder", model.embedding.embed(enc_tokens), ectx,
                        enc_valid)
   enc = Encoded(model.encoder_norm(x), epos, eseg)
   dseg = batch.get("decoder_segment_ids", jnp.ones_like(dec_tokens))
   dpos = model.decoder_positions(batch, enc)  # Continuous positions, as in training.
-  dctx = self_context(cfg, dseg, dpos, "causal")
+  dctx = self_context(cfg, dseg, dpos, "causal", materialize=True)
   cross = CrossContext(enc.encoded_bsd, epos, masks.cross_attention_mask(dseg, eseg))
   _, dec_maps = _self_maps(model.decoder, "decoder_self", model.embedding.embed(dec_tokens),
                            dctx, np.asarray(dseg) == 1, cross=cross, cross_valid_bs=enc_valid,

@@ -98,7 +98,7 @@ def decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp, slots: int):
   cfg = model.cfg
   prefix_bp = segment_ids_bp if cfg.decoder_attention == "prefix" else None
   ctx: SelfContext = self_context(cfg, segment_ids_bp, positions_bp, cfg.decoder_attention,
-                                  prefix_bp)
+                                  prefix_bp, materialize=True)
 
   def body(x, layer, i, _):
     return _self_block(layer, x, positions_bp, layer_mask(ctx, i))

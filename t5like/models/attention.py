@@ -13,6 +13,7 @@ from flax import nnx
 
 from t5like.config.model import ModelConfig
 from t5like.models.layers import constrain, dropout, dtype, fan_in_init, fold, param
+from t5like.models.masks import MaskSpec
 from t5like.models.norms import RMSNorm
 from t5like.models.rotary import apply_rope
 
@@ -80,12 +81,19 @@ class Attention(nnx.Module):
     return jnp.einsum("bthk,hkd->btd", out_bthk, self.wo[...].astype(dtype(cfg.dtype)))
 
   def __call__(self, x_q_btd: jax.Array, x_kv_bsd: jax.Array, q_pos_bt: jax.Array,
-               kv_pos_bs: jax.Array, mask_bhts: jax.Array, *,
+               kv_pos_bs: jax.Array, mask_bhts: jax.Array | MaskSpec, *,
                rng: jax.Array | None = None) -> jax.Array:
     """Attends from ``x_q`` [batch, t, d] to ``x_kv`` [batch, s, d]; returns [batch, t, d]."""
     q_bthk, k_bsgk, v_bsgk = self.project_qkv(x_q_btd, x_kv_bsd, q_pos_bt, kv_pos_bs)
-    out_bthk = dot_product_attention(q_bthk, k_bsgk, v_bsgk, mask_bhts,
-                                     dropout_rate=self.cfg.dropout_rate, rng=fold(rng, 0))
+    if isinstance(mask_bhts, MaskSpec):  # Fused kernel (model.attention_impl), mask never built.
+      from t5like.models import attention_kernels
+      if self.cfg.attention_impl == "splash":
+        out_bthk = attention_kernels.splash_attention(q_bthk, k_bsgk, v_bsgk, mask_bhts)
+      else:
+        out_bthk = attention_kernels.cudnn_attention(q_bthk, k_bsgk, v_bsgk, mask_bhts)
+    else:
+      out_bthk = dot_product_attention(q_bthk, k_bsgk, v_bsgk, mask_bhts,
+                                       dropout_rate=self.cfg.dropout_rate, rng=fold(rng, 0))
     return self.project_out(out_bthk)
 
 

@@ -11,6 +11,7 @@ from flax import nnx
 from t5like.config.model import ModelConfig
 from t5like.models.attention import Attention
 from t5like.models.layers import constrain, dropout, fold
+from t5like.models.masks import MaskSpec
 from t5like.models.mlp import SwiGLU
 from t5like.models.norms import RMSNorm
 
@@ -18,7 +19,8 @@ from t5like.models.norms import RMSNorm
 class SelfContext(NamedTuple):
   """Per-call inputs every layer of a stack shares (closed over by the layer scan)."""
   positions_bt: jax.Array  # [batch, length] RoPE positions.
-  mask_fwd: jax.Array  # [batch, heads|1, length, length] mask of forward (or all) layers.
+  mask_fwd: jax.Array | MaskSpec  # [batch, heads|1, length, length] mask of forward (or all)
+  #   layers; a MaskSpec for the fused kernels (model.attention_impl != "xla").
   mask_bwd: jax.Array | None  # Mask of backward layers (mixed_attention="per_layer"), else None.
 
 
@@ -26,10 +28,12 @@ class CrossContext(NamedTuple):
   """What the RedLLM decoder layers see of the encoder."""
   encoded_bsd: jax.Array  # [batch, enc_length, embed] final encoder states.
   enc_positions_bs: jax.Array  # [batch, enc_length] encoder positions (RoPE keys).
-  mask_bhts: jax.Array  # [batch, 1, dec_length, enc_length] same-segment cross mask.
+  mask_bhts: jax.Array | MaskSpec  # [batch, 1, dec_length, enc_length] same-segment cross mask.
 
 
-def layer_mask(ctx: SelfContext, layer_idx: jax.Array) -> jax.Array:
+def layer_mask(ctx: SelfContext, layer_idx: jax.Array) -> jax.Array | MaskSpec:
+  if isinstance(ctx.mask_fwd, MaskSpec):
+    return ctx.mask_fwd._replace(backward=layer_idx % 2 == 1)
   if ctx.mask_bwd is None:
     return ctx.mask_fwd
   return jnp.where(layer_idx % 2 == 1, ctx.mask_bwd, ctx.mask_fwd)

@@ -24,13 +24,15 @@ from t5like.models.stack import LayerStack
 
 
 def self_context(cfg: ModelConfig, segment_ids_bt: jax.Array, positions_bt: jax.Array, kind: str,
-                 prefix_bt: jax.Array | None = None) -> SelfContext:
-  """Builds the masks a self-attention stack needs (both directions for per-layer mixing)."""
-  mk = lambda backward: masks.self_attention_mask(  # noqa: E731
-      segment_ids_bt, kind=kind, prefix_bt=prefix_bt, mixed=cfg.mixed_attention,
-      num_heads=cfg.num_heads, backward=backward)
-  bwd = mk(True) if cfg.mixed_attention == "per_layer" and kind != "causal" else None
-  return SelfContext(positions_bt, mk(False), bwd)
+                 prefix_bt: jax.Array | None = None, *, materialize: bool = False) -> SelfContext:
+  """Builds the masks a self-attention stack needs (both directions for per-layer mixing), or
+  their ``MaskSpec`` for the fused kernels unless ``materialize`` (KV cache, attention maps)."""
+  mixed = cfg.mixed_attention if kind != "causal" else "none"
+  spec = masks.MaskSpec(segment_ids_bt, segment_ids_bt, kind, prefix_bt, mixed, cfg.num_heads)
+  if cfg.attention_impl != "xla" and not materialize:
+    return SelfContext(positions_bt, spec, None)
+  bwd = masks.materialize(spec._replace(backward=True)) if mixed == "per_layer" else None
+  return SelfContext(positions_bt, masks.materialize(spec), bwd)
 
 
 def default_positions(tokens_bt: jax.Array) -> jax.Array:

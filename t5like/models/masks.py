@@ -11,10 +11,33 @@ region and stays causal elsewhere (it never sees the future of a causal token).
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 
 SELF_KINDS = ("causal", "prefix", "bidirectional")
+
+
+class MaskSpec(NamedTuple):
+  """What a mask is made of, for the fused kernels (``attention_kernels.py``) that never build
+  the ``[batch, heads, q, kv]`` array; ``materialize`` gives the array the ``xla`` path uses."""
+  q_segment_ids_bq: jax.Array  # [batch, q_len] packed segment ids (0 = padding).
+  kv_segment_ids_bk: jax.Array  # [batch, kv_len].
+  kind: str  # "causal", "prefix", "bidirectional" (self-attention) or "cross".
+  prefix_bt: jax.Array | None = None  # [batch, length] prefix flags (kind="prefix").
+  mixed: str = "none"  # Mixed forward/backward attention, as in ``self_attention_mask``.
+  num_heads: int = 1  # For mixed="per_head".
+  backward: Any = False  # For mixed="per_layer": whether this layer is backward (maybe traced).
+
+
+def materialize(spec: MaskSpec) -> jax.Array:
+  """The bool mask ``[batch, heads|1, q, kv]`` of ``spec``."""
+  if spec.kind == "cross":
+    return cross_attention_mask(spec.q_segment_ids_bq, spec.kv_segment_ids_bk)
+  return self_attention_mask(spec.q_segment_ids_bq, kind=spec.kind, prefix_bt=spec.prefix_bt,
+                             mixed=spec.mixed, num_heads=spec.num_heads,
+                             backward=spec.backward)
 
 
 def segment_mask(q_segment_ids_bq: jax.Array, kv_segment_ids_bk: jax.Array) -> jax.Array:

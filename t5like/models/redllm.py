@@ -87,8 +87,9 @@ class RedLLM(nnx.Module):
       segment_ids_bt = jnp.ones_like(tokens_bt)
     positions_bt = self.decoder_positions(batch, enc)
     ctx = self_context(cfg, segment_ids_bt, positions_bt, "causal")
+    spec = masks.MaskSpec(segment_ids_bt, enc.segment_ids_bs, "cross")
     cross = CrossContext(enc.encoded_bsd, enc.positions_bs,
-                         masks.cross_attention_mask(segment_ids_bt, enc.segment_ids_bs))
+                         spec if cfg.attention_impl != "xla" else masks.materialize(spec))
     x_btd = dropout(self.embedding.embed(tokens_bt), cfg.dropout_rate, fold(dropout_rng, 3))
     x_btd = self.decoder(x_btd, ctx, rng=fold(dropout_rng, 4), cross=cross)
     x_btd = dropout(self.decoder_norm(x_btd), cfg.dropout_rate, fold(dropout_rng, 5))

@@ -1,0 +1,153 @@
+"""Fused attention kernels for accelerators (``model.attention_impl``), fed a ``MaskSpec``
+instead of a materialised ``[batch, heads, q, kv]`` mask.
+
+- ``splash`` (TPU; Pallas interpret mode on CPU, for the tests): the splash-attention kernel
+  with segment ids for packing. Its masks are static and block-sparse, so every per-row mask is
+  written as a static mask + segment ids:
+  causal -> causal mask; bidirectional and cross-attention -> full mask; mixed
+  forward/backward -> causal on forward heads/layers, anti-causal (key >= query) on backward
+  ones; the PrefixLM mask, whose bidirectional part differs per row, -> the keys twice:
+  ``[causal | strictly above the diagonal]`` over ``[k; k]``, the second copy's segment ids
+  kept only on prefix keys. A query then sees a later key only if that key is in its segment's
+  prefix, which (a segment's prefix comes first) makes the query a prefix token too.
+- ``cudnn`` (NVIDIA GPUs): ``jax.nn.dot_product_attention(implementation="cudnn")`` for what its
+  API expresses without a mask array: causal or full attention over one example per row, padding
+  given as sequence lengths. Packed rows (several segments) and prefix or mixed masks are
+  rejected with an error naming the working alternative.
+
+Both are called per shard through ``partitioning.shard_map_logical``: XLA cannot partition a
+custom kernel, so the batch and head axes are split by the rule table first.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5like import partitioning
+from t5like.models.masks import MaskSpec
+
+_QKV = ("batch", "length", "heads", "kv")
+_SEG = ("batch", "length")
+
+
+def _interpret() -> bool:
+  """Pallas interpret mode when the kernel would run on a CPU (the tests)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty:
+    return mesh.abstract_device.platform == "cpu"
+  return jax.default_backend() == "cpu"
+
+
+def _block(n: int) -> int:
+  return next(b for b in (512, 256, 128) if n % b == 0)
+
+
+def _pad(x: jax.Array, axis: int, value=0) -> jax.Array:
+  """Pads ``axis`` to a multiple of 128 (the kernel's lane width)."""
+  n = x.shape[axis]
+  extra = -n % 128
+  if not extra:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, extra)
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def _splash_kernel(kind: str, t: int, s: int, heads: int, interpret: bool):
+  """A single-example splash kernel [heads, t, k] x [heads, s, k] for a static ``kind`` (built
+  per trace: the kernel holds arrays of the trace it was made in, so it is not cached)."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+  if kind == "causal":
+    mask = sm.CausalMask((t, s))
+  elif kind == "full":
+    mask = sm.FullMask((t, s))
+  elif kind == "anti":  # Backward heads of mixed attention: key >= query.
+    mask = sm.NumpyMask(np.triu(np.ones((t, s), bool)))
+  elif kind == "prefix":  # Over [k; k]: causal on the first copy, strictly later on the second.
+    half = s // 2
+    mask = sm.NumpyMask(np.concatenate([np.tril(np.ones((t, half), bool)),
+                                        np.triu(np.ones((t, half), bool), 1)], axis=1))
+  else:
+    raise ValueError(kind)
+  bq, bkv = _block(t), _block(s)
+  sizes = sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq,
+                        block_kv_dkv=bkv, block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
+  return sk.make_splash_mha(sm.MultiHeadMask([mask] * heads), block_sizes=sizes, head_shards=1,
+                            q_seq_shards=1, interpret=interpret)
+
+
+def _splash_shard(kind: str, q_bthk, k_bshk, v_bshk, q_seg_bt, kv_seg_bs):
+  """Per shard: vmap the single-example kernel over the local batch."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  t, h = q_bthk.shape[1], q_bthk.shape[2]
+  kernel = _splash_kernel(kind, t, k_bshk.shape[1], h, _interpret())
+  out_bhtk = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=sk.SegmentIds(qs, ks)))(
+      q_bthk.transpose(0, 2, 1, 3), k_bshk.transpose(0, 2, 1, 3), v_bshk.transpose(0, 2, 1, 3),
+      q_seg_bt, kv_seg_bs)
+  return out_bhtk.transpose(0, 2, 1, 3)
+
+
+def _splash(kind: str, q, k, v, q_seg, kv_seg):
+  fn = partitioning.shard_map_logical(functools.partial(_splash_shard, kind),
+                                      (_QKV, _QKV, _QKV, _SEG, _SEG), _QKV)
+  return fn(q, k, v, q_seg, kv_seg)
+
+
+def splash_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
+                     spec: MaskSpec) -> jax.Array:
+  """softmax(q k^T / sqrt(d_h)) v under ``spec``; [batch, t, heads, kv]. Padding queries
+  (segment 0) give zeros, as on the ``xla`` path."""
+  b, t, h, kd = q_bthk.shape
+  g = k_bsgk.shape[2]
+  q_bthk = q_bthk * jnp.asarray(kd ** -0.5, q_bthk.dtype)
+  k_bshk = jnp.repeat(k_bsgk, h // g, axis=2)  # Kernel heads are MHA: share the kv groups.
+  v_bshk = jnp.repeat(v_bsgk, h // g, axis=2)
+  # Lengths padded to the lane width; padding queries (segment 0) match no key (padding -1).
+  q_seg = _pad(spec.q_segment_ids_bq, 1)
+  kv_seg = _pad(jnp.where(spec.kv_segment_ids_bk > 0, spec.kv_segment_ids_bk, -1), 1, -1)
+  q_bthk, k_bshk, v_bshk = _pad(q_bthk, 1), _pad(k_bshk, 1), _pad(v_bshk, 1)
+  if spec.kind == "prefix":
+    if spec.mixed != "none":
+      raise ValueError("attention_impl='splash' has no mixed forward/backward PrefixLM mask; "
+                       "use model.attention_impl='xla'")
+    prefix_kv = jnp.where(_pad(spec.prefix_bt, 1).astype(bool), kv_seg, -2)
+    out = _splash("prefix", q_bthk, jnp.concatenate([k_bshk, k_bshk], 1),
+                  jnp.concatenate([v_bshk, v_bshk], 1), q_seg,
+                  jnp.concatenate([kv_seg, prefix_kv], 1))
+  elif spec.kind == "causal" or spec.mixed == "none":
+    out = _splash({"causal": "causal", "bidirectional": "full", "cross": "full"}[spec.kind],
+                  q_bthk, k_bshk, v_bshk, q_seg, kv_seg)
+  elif spec.mixed == "per_head":  # Heads [0, H/2) forward, [H/2, H) backward.
+    m = h // 2
+    out = jnp.concatenate([
+        _splash("causal", q_bthk[:, :, :m], k_bshk[:, :, :m], v_bshk[:, :, :m], q_seg, kv_seg),
+        _splash("anti", q_bthk[:, :, m:], k_bshk[:, :, m:], v_bshk[:, :, m:], q_seg, kv_seg)],
+        axis=2)
+  else:  # per_layer: this layer's direction may be traced (layer index under scan).
+    out = jax.lax.cond(spec.backward,
+                       lambda *a: _splash("anti", *a), lambda *a: _splash("causal", *a),
+                       q_bthk, k_bshk, v_bshk, q_seg, kv_seg)
+  return jnp.where((q_seg > 0)[:, :t, None, None], out[:, :t], 0).astype(q_bthk.dtype)
+
+
+def cudnn_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array, spec: MaskSpec, *,
+                    implementation: str | None = "cudnn") -> jax.Array:
+  """``jax.nn.dot_product_attention`` with causal / full attention and padding as lengths.
+
+  ``implementation=None`` runs XLA's version of the same call (how the CPU tests check the
+  translation of the spec); rows must hold one example (segment 1, then padding 0).
+  """
+  if spec.kind == "prefix" or (spec.mixed != "none" and spec.kind != "causal"):
+    raise ValueError("attention_impl='cudnn' expresses causal and full attention only; the "
+                     f"{spec.kind} mask with mixed={spec.mixed!r} needs model.attention_impl='xla'")
+  q_len = jnp.sum(spec.q_segment_ids_bq > 0, axis=1).astype(jnp.int32)
+  kv_len = jnp.sum(spec.kv_segment_ids_bk > 0, axis=1).astype(jnp.int32)
+  out = jax.nn.dot_product_attention(
+      q_bthk, k_bsgk, v_bsgk, is_causal=spec.kind == "causal", query_seq_lengths=q_len,
+      key_value_seq_lengths=kv_len, implementation=implementation)
+  return jnp.where((spec.q_segment_ids_bq > 0)[:, :, None, None], out, 0).astype(q_bthk.dtype)
+

@@ -222,11 +222,17 @@ def compile_report(cfg: Config, devices: Sequence[Any] | None = None, *,
   setup = state_lib.build_setup(cfg, mesh)
   t0 = time.time()
   batch = abstract_batch(cfg, setup.batch_sharding, cfg.train.batch_size)
-  compiled = step_lib.make_train_step(setup).lower(setup.abstract_state, batch).compile()
+  lowered = step_lib.make_train_step(setup).lower(setup.abstract_state, batch)
   report: dict[str, Any] = {
       "devices": len(devices), "device_kind": devices[0].device_kind,
-      "mesh": dict(mesh.shape), "num_params": setup.num_params,
-      "compile_s": time.time() - t0, "train": memory_per_device(compiled)}
+      "mesh": dict(mesh.shape), "num_params": setup.num_params}
+  try:
+    report["train"] = memory_per_device(lowered.compile())
+  except jax.errors.JaxRuntimeError as e:  # The TPU compiler refuses what cannot fit its HBM.
+    report["train"] = _refused(e, cfg, setup)
+    report["compile_error"] = str(e).splitlines()[0][:300]
+    eval_step = False
+  report["compile_s"] = time.time() - t0
   if eval_step:
     rows = cfg.train.eval_batch_size or cfg.train.batch_size
     t1 = time.time()
@@ -265,20 +271,52 @@ def device_memory_limit(device) -> float:
   return 0.0
 
 
+def _refused(error: Exception, cfg: Config, setup: state_lib.TrainSetup) -> dict[str, int]:
+  """Memory of a step the compiler refused for lack of HBM, from its message ("the total memory
+  required for HLO temporaries (103.36G) exceeds available HBM (95.74G)")."""
+  msg = str(error)
+  m = re.search(r"temporaries \(([0-9.]+)([KMGT])\)", msg)
+  if "RESOURCE_EXHAUSTED" not in msg or not m:
+    raise error
+  temps = int(float(m.group(1)) * 1024 ** "KMGT".index(m.group(2)) * 1024)
+  st, sh = setup.abstract_state, setup.state_shardings
+  args = (partitioning.bytes_per_device(st.params, sh.params)
+          + partitioning.bytes_per_device(st.opt_state, sh.opt_state))
+  return {"arguments": args, "outputs": args, "aliased": args, "temporaries": temps, "code": 0,
+          "peak": args + temps}
+
+
+def compile_checked(cfg: Config, setup: state_lib.TrainSetup, lowered):
+  """Compiles a run's train step and checks its memory before the first step: a step that cannot
+  fit (the accelerator compiler refusing it, or more than the devices hold) is a ConfigError
+  saying how much it needs and what to change."""
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    mem = _refused(e, cfg, setup)  # Re-raises anything but an out-of-memory refusal.
+    _raise_too_big(cfg, setup, mem, device_memory_limit(jax.local_devices()[0]))
+  check_fits(cfg, setup, compiled)
+  return compiled
+
+
+def _raise_too_big(cfg: Config, setup: state_lib.TrainSetup, mem: dict[str, int], limit: float):
+  name, size, fix = largest_consumer(activation_estimates(cfg, setup))
+  has = f"has {limit / GiB:.2f} GiB" if limit else "has less"
+  raise ConfigError(
+      f"the train step needs {mem['peak'] / GiB:.2f} GiB per device (arguments "
+      f"{mem['arguments'] / GiB:.2f} + temporaries {mem['temporaries'] / GiB:.2f} GiB) but a "
+      f"{jax.local_devices()[0].device_kind} device {has}. Largest consumer (estimate): {name}, "
+      f"~{size / GiB:.2f} GiB per device: {fix}. Check a config before a run with: python "
+      "train.py --config ... --compile_only [--topology v5p-128]")
+
+
 def check_fits(cfg: Config, setup: state_lib.TrainSetup, compiled) -> dict[str, int]:
   """Raises ConfigError before the first step when the compiled train step needs more memory
   per device than the devices have (no headroom demanded: the run may try)."""
   mem = memory_per_device(compiled)
   limit = device_memory_limit(jax.local_devices()[0])
   if limit and mem["peak"] > limit:
-    name, size, fix = largest_consumer(activation_estimates(cfg, setup))
-    raise ConfigError(
-        f"the train step needs {mem['peak'] / GiB:.2f} GiB per device (arguments "
-        f"{mem['arguments'] / GiB:.2f} + temporaries {mem['temporaries'] / GiB:.2f} GiB) but a "
-        f"{jax.local_devices()[0].device_kind} device has {limit / GiB:.2f} GiB. Largest "
-        f"consumer (estimate): {name}, ~{size / GiB:.2f} GiB per device: {fix}. Check a "
-        "config before a run with: python train.py --config ... --compile_only "
-        "[--topology v5p-128]")
+    _raise_too_big(cfg, setup, mem, limit)
   return mem
 
 
@@ -301,6 +339,8 @@ def format_report(name: str, r: dict[str, Any]) -> str:
     lines.append(f"  roofline: compute {_secs(r['compute_s'])}, HBM {_secs(r['hbm_s'])}, ICI "
                  f"{_secs(r['ici_s'])} -> step {_secs(r['step_s'])} (overlapped) to "
                  f"{_secs(r['step_serial_s'])} (serial), MFU {r['mfu_serial']:.0%}-{r['mfu']:.0%}")
+  if "compile_error" in r:
+    lines.append(f"  the TPU compiler refused the step: {r['compile_error']}")
   if not r["fits"]:
     name_, size, fix = r["largest_consumer"]
     lines.append(f"  largest consumer (estimate): {name_} ~{size / GiB:.2f} GiB: {fix}")

@@ -145,8 +145,8 @@ class Trainer:
                                                   dec_len, enc_len)
       self.tokens_per_step = self.cfg.train.batch_size * (dec_len + enc_len)
     if self._compiled_step is None:  # Compiled ahead of the first step: memory checked first.
-      self._compiled_step = self._train_step.lower(self.state, batch).compile()
-      aot.check_fits(self.cfg, self.setup, self._compiled_step)
+      self._compiled_step = aot.compile_checked(self.cfg, self.setup,
+                                                self._train_step.lower(self.state, batch))
     self.state, metrics = self._compiled_step(self.state, batch)
     return metrics
 

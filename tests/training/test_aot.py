@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from t5like.config import ConfigError
@@ -102,3 +103,29 @@ def test_splash_kernel_compiles_for_tpu_and_does_not_hold_the_score_matrices():
     temps[impl] = aot.compile_report(cfg, devices, chip=chip, eval_step=False)["train"][
         "temporaries"]
   assert temps["splash"] < 0.6 * temps["xla"], temps
+
+
+def test_a_step_the_accelerator_compiler_refuses_is_a_clear_error():
+  """On a TPU the compiler itself refuses a step whose temporaries exceed HBM; that refusal is
+  read (bytes needed) and turned into the same error as the memory check."""
+  from t5like import partitioning
+  from t5like.training import state as state_lib
+  cfg = tiny_config("decllm")
+  setup = state_lib.build_setup(cfg, partitioning.make_mesh(cfg.mesh))
+
+  class Refused:
+    def compile(self):
+      raise jax.errors.JaxRuntimeError(
+          "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+          "temporaries (103.36G) exceeds available HBM (95.74G).")
+
+  with pytest.raises(ConfigError, match=r"needs 103\.3\d GiB per device.*temporaries 103\.36 GiB"
+                                        r".*Largest consumer"):
+    aot.compile_checked(cfg, setup, Refused())
+
+  class Broken:
+    def compile(self):
+      raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+  with pytest.raises(jax.errors.JaxRuntimeError, match="something else"):
+    aot.compile_checked(cfg, setup, Broken())

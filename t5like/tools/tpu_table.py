@@ -1,0 +1,214 @@
+"""The paper table for TPU slices: every paper config compiled ahead of time (``aot.py``) for the
+slices a user would rent, with the microbatches / remat policy / mesh that make it fit.
+
+Usage (needs libtpu: ``pip install -e '.[tpu]'``, or ``make aot-table``)::
+
+  python -m t5like.tools.tpu_table --topologies v5p-128 v5e-256 \
+      --results runs/tpu_table.json --markdown docs/tpu_table.md [--readme README.md]
+
+For each config and slice it compiles candidate settings in order of predicted MFU (fewest
+microbatches and least recomputation first) and keeps the first that fits with the headroom
+``aot.HEADROOM``. Candidates that the per-device estimates already put far over the chip's HBM
+are skipped without compiling. Results are appended to ``--results`` after each compile, so an
+interrupted table resumes where it stopped. ``--readme`` replaces the block between
+``<!-- tpu-table -->`` and ``<!-- /tpu-table -->``.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from etils import epath
+
+from t5like.config import Config, ConfigError, load_config
+from t5like.training import aot
+
+PRETRAIN = [f"{f}_{s}" for s in ("150m", "1b", "2b", "4b", "8b") for f in ("decllm", "redllm")]
+FINETUNE = [f"{f}_{s}_flan" for s in ("150m", "1b", "2b", "4b", "8b")
+            for f in ("decllm", "decllm_prefix", "redllm")]
+# (remat policy, microbatches) in order of predicted MFU: "dots_no_batch" keeps the matmul outputs
+# (no recomputed FLOPs), "full" recomputes the forward pass (MFU <= 3/4 of compute-bound).
+CANDIDATES = [("dots_no_batch", 1), ("dots_no_batch", 2), ("full", 1), ("full", 2), ("full", 4),
+              ("full", 8), ("full", 16)]
+SKIP_ABOVE = 1.5  # Skip a candidate whose summed estimates exceed this multiple of the HBM.
+# Data paths the paper configs require; a compile reads no data, so they are never opened.
+PLACEHOLDERS = ["data.data_dir=gs://compile-only/corpus", "data.vocab_path=gs://compile-only/spm.model",
+                "train.init_from=gs://compile-only/pretrained"]
+BEGIN, END = "<!-- tpu-table -->", "<!-- /tpu-table -->"
+
+
+def _candidate(base: Config, remat: str, microbatches: int, fsdp_split: int) -> Config | None:
+  cfg = copy.deepcopy(base)
+  cfg.model.remat_policy, cfg.train.microbatches = remat, microbatches
+  if fsdp_split > 1:  # Move a factor of the devices from fsdp to tensor.
+    cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, fsdp_split
+  if cfg.train.batch_size % microbatches:
+    return None
+  return cfg
+
+
+def search(base: Config, chip: aot.Chip, devices, log=print) -> tuple[dict[str, Any], Config]:
+  """Compiles candidates until one fits; returns its report and config (or the last tried)."""
+  from t5like import partitioning
+  from t5like.training import state as state_lib
+  last: dict[str, Any] | None = None
+  tried = 0
+  for split in (1, 4):
+    for remat, mb in CANDIDATES:
+      cfg = _candidate(base, remat, mb, split)
+      if cfg is None:
+        continue
+      try:
+        mesh = partitioning.make_mesh(cfg.mesh, devices)
+        from t5like.training.loop import check_batch_layout
+        check_batch_layout(cfg, mesh)
+        setup = state_lib.build_setup(cfg, mesh)
+      except ConfigError as e:
+        log(f"    skip {remat}/mb{mb}/tensor{split}: {str(e)[:160]}")
+        continue
+      estimate = sum(aot.activation_estimates(cfg, setup).values())
+      if estimate > SKIP_ABOVE * chip.hbm_bytes:
+        continue
+      t0 = time.time()
+      try:
+        report = aot.compile_report(cfg, devices, chip=chip, eval_step=False)
+      except ConfigError as e:
+        log(f"    skip {remat}/mb{mb}/tensor{split}: {str(e)[:160]}")
+        continue
+      tried += 1
+      report.update(remat=remat, microbatches=mb)
+      log(f"    {remat}/mb{mb} mesh {report['mesh']}: peak "
+          f"{report['train']['peak'] / aot.GiB:.1f} GiB, fits={report['fits']}, "
+          f"MFU {report['mfu_serial']:.0%}-{report['mfu']:.0%} ({time.time() - t0:.0f} s)")
+      last = report, cfg
+      if report["fits"] or tried >= 4:
+        return last
+  if last is None:
+    raise ConfigError("no candidate setting could be built for this slice")
+  return last
+
+
+def _setting(base: Config, r: dict[str, Any]) -> Config:
+  """``base`` with the remat policy, microbatches and mesh a stored result chose."""
+  cfg = copy.deepcopy(base)
+  cfg.model.remat_policy, cfg.train.microbatches = r["remat"], r["microbatches"]
+  cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = (r["mesh"]["data"], r["mesh"]["fsdp"],
+                                                   r["mesh"]["tensor"])
+  return cfg
+
+
+def splash_variant(cfg: Config, chip: aot.Chip, devices) -> dict[str, Any]:
+  """The same setting with the splash kernel (no attention-probability dropout there)."""
+  cfg = copy.deepcopy(cfg)
+  cfg.model.attention_impl, cfg.model.dropout_rate = "splash", 0.0
+  r = aot.compile_report(cfg, devices, chip=chip, eval_step=False)
+  return {k: r[k] for k in ("train", "fits", "headroom", "step_s", "step_serial_s", "mfu",
+                            "mfu_serial", "compile_s")}
+
+
+def _row(name: str, topo: str, r: dict[str, Any]) -> str:
+  mesh = "x".join(f"{k}{v}" for k, v in r["mesh"].items() if v > 1) or "1"
+  fits = f"{r['headroom']:.0%}" if r["fits"] else f"**no** ({r['headroom']:.0%})"
+  return (f"| {name} | {topo} | {r['num_params'] / 1e9:.2f}B | {mesh} | {r['microbatches']} | "
+          f"{r['remat']} | {r['train']['peak'] / aot.GiB:.1f} / {r['hbm_bytes'] / aot.GiB:.0f} | "
+          f"{fits} | {r['step_s']:.2f}-{r['step_serial_s']:.2f} | {r['mfu_serial']:.0%}-{r['mfu']:.0%} | "
+          f"{r['compile_s']:.0f} |")
+
+
+def markdown(results: dict[str, dict[str, Any]]) -> str:
+  rows = ["| config | slice | params | mesh | micro-batches | remat | peak / HBM GiB per chip | "
+          "headroom | step s | roofline MFU | compile s |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for key in sorted(results, key=lambda k: (results[k]["order"], k)):
+    name, topo = key.split("@")
+    rows.append(_row(name, topo, results[key]))
+  return "\n".join(rows)
+
+
+def splash_markdown(results: dict[str, dict[str, Any]]) -> str:
+  rows = ["| config | slice | micro-batches | remat | peak GiB per chip xla / splash | "
+          "temporaries GiB xla / splash | roofline step s xla / splash |",
+          "|---|---|---|---|---|---|---|"]
+  for key in sorted(results, key=lambda k: (results[k]["order"], k)):
+    r = results[key]
+    if "splash" not in r:
+      continue
+    name, topo = key.split("@")
+    sp = r["splash"]
+    rows.append(f"| {name} | {topo} | {r['microbatches']} | {r['remat']} | "
+                f"{r['train']['peak'] / aot.GiB:.1f} / {sp['train']['peak'] / aot.GiB:.1f} | "
+                f"{r['train']['temporaries'] / aot.GiB:.1f} / "
+                f"{sp['train']['temporaries'] / aot.GiB:.1f} | "
+                f"{r['step_s']:.2f}-{r['step_serial_s']:.2f} / "
+                f"{sp['step_s']:.2f}-{sp['step_serial_s']:.2f} |")
+  return "\n".join(rows) if len(rows) > 2 else ""
+
+
+def _jsonable(r: dict[str, Any]) -> dict[str, Any]:
+  out = dict(r)
+  out["largest_consumer"] = list(r["largest_consumer"])
+  return out
+
+
+def main(argv: list[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--topologies", nargs="+", default=["v5p-128", "v5e-256"])
+  ap.add_argument("--configs", nargs="+", default=PRETRAIN + FINETUNE,
+                  help="names under configs/ (default: the ten pretraining and fifteen "
+                       "instruction-tuning paper configs)")
+  ap.add_argument("--splash_configs", nargs="*", default=[],
+                  help="configs also compiled with model.attention_impl=splash at the chosen "
+                       "setting (the xla-vs-splash table)")
+  ap.add_argument("--results", default="runs/tpu_table.json")
+  ap.add_argument("--markdown", default="")
+  ap.add_argument("--readme", default="")
+  args = ap.parse_args(argv)
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  results_path = epath.Path(args.results)
+  results = json.loads(results_path.read_text()) if results_path.exists() else {}
+  for ti, topo in enumerate(args.topologies):
+    chip, devices = aot.topology_devices(topo)
+    for ci, name in enumerate(args.configs):
+      key = f"{name}@{topo}"
+      base = load_config(os.path.join(root, "configs", f"{name}.py"), PLACEHOLDERS)
+      if key in results:  # Done; maybe still without its requested splash variant.
+        if name in args.splash_configs and "splash" not in results[key]:
+          print(f"{key} (splash):", flush=True)
+          results[key]["splash"] = splash_variant(_setting(base, results[key]), chip, devices)
+          results_path.write_text(json.dumps(results, indent=1, default=float))
+        continue
+      print(f"{key}:", flush=True)
+      report, chosen = search(base, chip, devices, log=lambda s: print(s, flush=True))
+      if name in args.splash_configs:
+        report["splash"] = splash_variant(chosen, chip, devices)
+      report["order"] = ci * 100 + ti
+      results[key] = _jsonable(report)
+      results_path.parent.mkdir(parents=True, exist_ok=True)
+      results_path.write_text(json.dumps(results, indent=1, default=float))
+  chosen = {k: v for k, v in results.items()
+            if k.split("@")[1] in args.topologies and k.split("@")[0] in args.configs}
+  table = markdown(chosen)
+  splash = splash_markdown(chosen)
+  if splash:
+    table += "\n\nSame settings with `model.attention_impl=splash`:\n\n" + splash
+  print(table)
+  if args.markdown:
+    epath.Path(args.markdown).write_text(table + "\n")
+  if args.readme:
+    readme = epath.Path(args.readme)
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+      print(f"{args.readme} has no {BEGIN} ... {END} block", file=sys.stderr)
+      return 2
+    head, rest = text.split(BEGIN, 1)
+    readme.write_text(head + BEGIN + "\n" + table + "\n" + END + rest.split(END, 1)[1])
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t5like.config.model import ModelConfig
-from t5like.models.layers import constrain, dropout, dtype, fan_in_init, fold, param
+from t5like.models.layers import constrain, dropout, dtype, fan_in_init, fold, param, project
 from t5like.models.masks import MaskSpec
 from t5like.models.norms import RMSNorm
 from t5like.models.rotary import apply_rope
@@ -58,9 +58,9 @@ class Attention(nnx.Module):
     cfg = self.cfg
     dt = dtype(cfg.dtype)
     xq, xkv = x_q_btd.astype(dt), x_kv_bsd.astype(dt)
-    q_bthk = jnp.einsum("btd,dhk->bthk", xq, self.wq[...].astype(dt))
-    k_bsgk = jnp.einsum("bsd,dgk->bsgk", xkv, self.wk[...].astype(dt))
-    v_bsgk = jnp.einsum("bsd,dgk->bsgk", xkv, self.wv[...].astype(dt))
+    q_bthk = project(xq, self.wq[...].astype(dt))  # btd,dhk->bthk
+    k_bsgk = project(xkv, self.wk[...].astype(dt))  # bsd,dgk->bsgk
+    v_bsgk = project(xkv, self.wv[...].astype(dt))
     if cfg.qkv_norm:
       q_bthk, k_bsgk, v_bsgk = self.q_norm(q_bthk), self.k_norm(k_bsgk), self.v_norm(v_bsgk)
     if self.use_rope:
@@ -78,7 +78,7 @@ class Attention(nnx.Module):
       out_bthk = self.out_norm(out_bthk)
     out_bthk = checkpoint_name(constrain(out_bthk, ("batch", "length", "heads", "kv")),
                                "attention_out")
-    return jnp.einsum("bthk,hkd->btd", out_bthk, self.wo[...].astype(dtype(cfg.dtype)))
+    return project(out_bthk, self.wo[...].astype(dtype(cfg.dtype)), 2)  # bthk,hkd->btd
 
   def __call__(self, x_q_btd: jax.Array, x_kv_bsd: jax.Array, q_pos_bt: jax.Array,
                kv_pos_bs: jax.Array, mask_bhts: jax.Array | MaskSpec, *,
@@ -122,6 +122,10 @@ def attention_weights(q_bthk: jax.Array, k_bsgk: jax.Array, mask_bhts: jax.Array
   scores_bgrts = jnp.einsum("btgrk,bsgk->bgrts", q_btgrk, k_bsgk,
                             preferred_element_type=jnp.float32)
   scores_bhts = scores_bgrts.reshape(b, h, t, -1)
-  scores_bhts = jnp.where(mask_bhts, scores_bhts, NEG_INF)
-  # Zeroing masked probabilities makes fully-masked (padding) rows attend to nothing at all.
-  return jnp.where(mask_bhts, jax.nn.softmax(scores_bhts, axis=-1), 0.0)
+  # The mask as an additive bias (built at [batch, heads|1, t, s], not at the scores' size): a
+  # masked score becomes NEG_INF + score, whose exp is exactly 0 beside any unmasked one. One
+  # elementwise pass fewer than masking scores and probabilities, forward and backward.
+  scores_bhts = scores_bhts + jnp.where(mask_bhts, 0.0, NEG_INF)
+  # Fully-masked (padding) rows attend to nothing at all.
+  live_bht1 = jnp.any(mask_bhts, axis=-1, keepdims=True)
+  return jax.nn.softmax(scores_bhts, axis=-1) * live_bht1

@@ -24,6 +24,8 @@ class TiedEmbedding(nnx.Module):
   def logits(self, x_btd: jax.Array) -> jax.Array:
     dt = dtype(self.cfg.dtype)
     x = (x_btd * (self.cfg.d_model ** -0.5)).astype(dt)
-    logits_btv = jnp.einsum("btd,vd->btv", x, self.table[...].astype(dt),
-                            preferred_element_type=jnp.float32)
+    # btd,vd->btv as one 2-D matmul (see ``layers.project``).
+    logits_btv = jax.lax.dot_general(
+        x.reshape(-1, x.shape[-1]), self.table[...].astype(dt), (((1,), (1,)), ((), ())),
+        preferred_element_type=jnp.float32).reshape(*x.shape[:-1], -1)
     return constrain(logits_btv, ("batch", "length", "vocab"))

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t5like.config.model import ModelConfig
-from t5like.models.layers import constrain, dropout, dtype, fan_in_init, fold, param
+from t5like.models.layers import constrain, dropout, dtype, fan_in_init, fold, param, project
 
 
 class SwiGLU(nnx.Module):
@@ -21,8 +21,8 @@ class SwiGLU(nnx.Module):
   def __call__(self, x_btd: jax.Array, *, rng: jax.Array | None = None) -> jax.Array:
     dt = dtype(self.cfg.dtype)
     x = x_btd.astype(dt)
-    gate_btf = jnp.einsum("btd,df->btf", x, self.wi_gate[...].astype(dt))
-    up_btf = jnp.einsum("btd,df->btf", x, self.wi_up[...].astype(dt))
+    gate_btf = project(x, self.wi_gate[...].astype(dt))
+    up_btf = project(x, self.wi_up[...].astype(dt))
     h_btf = constrain(jax.nn.silu(gate_btf) * up_btf, ("batch", "length", "mlp"))
     h_btf = dropout(h_btf, self.cfg.dropout_rate, fold(rng, 0))
-    return jnp.einsum("btf,fd->btd", h_btf, self.wo[...].astype(dt))
+    return project(h_btf, self.wo[...].astype(dt))

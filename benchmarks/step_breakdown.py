@@ -1,0 +1,187 @@
+"""Where a train step's time goes: each piece of the model timed forward + backward on its own
+at the step's shapes, next to the whole step, in one run.
+
+  python benchmarks/step_breakdown.py [--config small_decllm] [--dtype float32] [--reps 10]
+
+Pieces (per layer, times the number of layers that run them): attention projections
+(Q/K/V/output einsums), Q/K/V norms + RoPE, attention core (scores, mask, softmax, weighted
+values), SwiGLU MLP, the two pre-norms; per step: embedding gather, logits + cross-entropy with
+z-loss, the optimizer update (whole step minus loss-and-gradient). Each piece is jitted on its
+own, so fusion across pieces is lost and the shares are approximate; "rest" is the whole
+loss-and-gradient minus the sum of pieces (residual adds, scan and layout overhead).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from t5like import partitioning  # noqa: E402
+from t5like.models import masks  # noqa: E402
+from t5like.models.attention import Attention, dot_product_attention  # noqa: E402
+from t5like.models.embedding import TiedEmbedding  # noqa: E402
+from t5like.models.layers import project  # noqa: E402
+from t5like.models.losses import cross_entropy_with_z_loss  # noqa: E402
+from t5like.models.mlp import SwiGLU  # noqa: E402
+from t5like.models.norms import RMSNorm  # noqa: E402
+from t5like.models.rotary import apply_rope  # noqa: E402
+from t5like.training import state as state_lib  # noqa: E402
+from t5like.training import step as step_lib  # noqa: E402
+from t5like.training.data import SyntheticData, global_batch  # noqa: E402
+
+from train_throughput import CONFIGS  # noqa: E402
+
+
+def _time(fn, *args, reps: int) -> float:
+  out = fn(*args)
+  jax.block_until_ready(out)
+  times = []
+  for _ in range(reps):
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t)
+  return statistics.median(times)
+
+
+def _fwd_bwd(module_fn):
+  """jit of forward + backward (vjp with a constant cotangent) w.r.t. every input."""
+  @jax.jit
+  def step(*xs):
+    out, vjp = jax.vjp(module_fn, *xs)
+    return vjp(jax.tree.map(lambda o: jnp.full_like(o, 0.01), out))
+  return step
+
+
+def breakdown(name: str, dtype: str, reps: int) -> list[tuple[str, float]]:
+  cfg = CONFIGS[name]()
+  cfg.model.dtype = dtype
+  m = cfg.model
+  mesh = partitioning.make_mesh(cfg.mesh)
+  setup = state_lib.build_setup(cfg, mesh)
+  state = state_lib.init_state(setup)
+  batch = global_batch(next(SyntheticData(cfg).train(cfg.train.batch_size, 0, 1)),
+                       setup.batch_sharding, cfg.train.batch_size)
+  train_step = step_lib.make_train_step(setup)
+  box = [state]  # The step donates its state: carry the new one.
+
+  def run_step(b):
+    box[0], metrics = train_step(box[0], b)
+    return metrics
+  whole = _time(run_step, batch, reps=reps)
+  state = box[0]
+
+  def loss(params, b):
+    return step_lib._loss_terms(setup, params, b, None, cfg.train.z_loss).loss
+  grad = jax.jit(jax.grad(loss))
+  with jax.set_mesh(mesh), partitioning.axis_rules():
+    loss_grad = _time(grad, state.params, batch, reps=reps)
+
+  dt = jnp.dtype(dtype)
+  b, t = batch["decoder_input_tokens"].shape
+  # Per-layer attention calls: DecLLM layers; RedLLM encoder self, decoder self + cross.
+  enc_t = batch.get("encoder_input_tokens", batch["decoder_input_tokens"]).shape[1]
+  if m.family == "decllm":
+    attn_calls, mlp_calls = [(t, t)] * m.num_layers, m.num_layers
+  else:
+    attn_calls = ([(enc_t, enc_t)] * m.num_encoder_layers + [(t, t)] * m.num_decoder_layers
+                  + [(t, enc_t)] * m.num_decoder_layers)
+    mlp_calls = m.num_encoder_layers + m.num_decoder_layers
+  rngs = nnx.Rngs(0)
+  key = jax.random.key(1)
+  rows = []
+  cache: dict = {}
+  proj = core = normrope = 0.0
+  attn = Attention(m, rngs=rngs)
+  gdef, aparams = nnx.split(attn)
+  for tq, tk in attn_calls:
+    if (tq, tk) not in cache:
+      xq = jax.random.normal(key, (b, tq, m.d_model), dt)
+      xk = jax.random.normal(key, (b, tk, m.d_model), dt)
+      pq = jnp.broadcast_to(jnp.arange(tq), (b, tq))
+      pk = jnp.broadcast_to(jnp.arange(tk), (b, tk))
+      seg_q, seg_k = jnp.ones((b, tq), jnp.int32), jnp.ones((b, tk), jnp.int32)
+      mask = (masks.self_attention_mask(seg_q, kind="causal") if tq == tk
+              else masks.cross_attention_mask(seg_q, seg_k))
+      q = jax.random.normal(key, (b, tq, m.num_heads, m.head_dim), dt)
+      k = jax.random.normal(key, (b, tk, m.kv_heads, m.head_dim), dt)
+
+      def full(p, xq, xk):
+        return nnx.merge(gdef, p)(xq, xk, pq, pk, mask)
+
+      def projections(p, xq, xk):
+        a = nnx.merge(gdef, p)
+        d = project(xq, a.wq[...].astype(dt))
+        kk = project(xk, a.wk[...].astype(dt))
+        vv = project(xk, a.wv[...].astype(dt))
+        return a.project_out(d) + jnp.sum(kk) + jnp.sum(vv)
+
+      def norm_rope(p, q, k):
+        a = nnx.merge(gdef, p)
+        return (apply_rope(a.q_norm(q), pq, m.rope_max_wavelength),
+                apply_rope(a.k_norm(k), pk, m.rope_max_wavelength), a.v_norm(k))
+
+      def attention_core(q, k, v):
+        return dot_product_attention(q, k, v, mask)
+      cache[(tq, tk)] = (
+          _time(_fwd_bwd(full), aparams, xq, xk, reps=reps),
+          _time(_fwd_bwd(projections), aparams, xq, xk, reps=reps),
+          _time(_fwd_bwd(norm_rope), aparams, q, k, reps=reps),
+          _time(_fwd_bwd(attention_core), q, k, k, reps=reps))
+    _, p_, n_, c_ = cache[(tq, tk)]
+    proj, normrope, core = proj + p_, normrope + n_, core + c_
+  rows += [("attention projections (Q/K/V/out)", proj), ("Q/K/V norms + RoPE", normrope),
+           ("attention core (scores, mask, softmax, PV)", core)]
+  x = jax.random.normal(key, (b, t, m.d_model), dt)
+  mlp = SwiGLU(m, rngs=rngs)
+  g, mp = nnx.split(mlp)
+  rows.append(("SwiGLU MLP", mlp_calls * _time(_fwd_bwd(lambda p, x: nnx.merge(g, p)(x)), mp, x,
+                                                reps=reps)))
+  norm = RMSNorm((m.d_model,), ("embed",), eps=m.norm_eps, param_dtype=m.param_dtype, rngs=rngs)
+  g, np_ = nnx.split(norm)
+  norms = len(attn_calls) + mlp_calls + (2 if m.family == "redllm" else 1)
+  rows.append(("RMSNorm pre-norms", norms * _time(_fwd_bwd(lambda p, x: nnx.merge(g, p)(x)), np_,
+                                                  x, reps=reps)))
+  emb = TiedEmbedding(m, rngs=rngs)
+  g, ep = nnx.split(emb)
+  targets = batch["decoder_target_tokens"]
+
+  def logits_loss(p, x):
+    e = nnx.merge(g, p)
+    return cross_entropy_with_z_loss(e.logits(x), targets, None, cfg.train.z_loss).loss
+  rows.append(("logits + cross-entropy (tied table)",
+               _time(_fwd_bwd(logits_loss), ep, x, reps=reps)))
+  tokens = batch["decoder_input_tokens"]
+  rows.append(("embedding gather", (2 if m.family == "redllm" else 1) * _time(
+      _fwd_bwd(lambda p: nnx.merge(g, p).embed(tokens)), ep, reps=reps)))
+  rows.append(("rest of loss-and-gradient (adds, scan, layout)",
+               max(0.0, loss_grad - sum(v for _, v in rows))))
+  rows.append(("optimizer update, clipping, guards (step - loss/grad)",
+               max(0.0, whole - loss_grad)))
+  rows.append(("whole train step", whole))
+  return rows
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--config", default="small_decllm", choices=sorted(CONFIGS))
+  ap.add_argument("--dtype", default="float32")
+  ap.add_argument("--reps", type=int, default=10)
+  args = ap.parse_args()
+  rows = breakdown(args.config, args.dtype, args.reps)
+  whole = rows[-1][1]
+  print(f"{args.config} ({args.dtype}), fwd+bwd per step, {jax.devices()[0].device_kind}")
+  print(f"| piece | ms per step | share of step |\n|---|---|---|")
+  for name, sec in rows:
+    print(f"| {name} | {sec * 1e3:.1f} | {sec / whole:.0%} |")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,63 @@
+"""The rewritten hot paths equal the forms they replaced (benchmarks/step_breakdown.py says why
+they were rewritten): 2-D projections vs the einsums, the additive mask bias vs masking scores and
+probabilities — forward and gradients, float32 to reordering tolerance, bfloat16 within 2e-2 of
+the float32 result's scale."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from numerics import assert_close_to_scale
+from t5like.models import masks
+from t5like.models.attention import NEG_INF, attention_weights
+from t5like.models.layers import project
+
+
+def _where_weights(q, k, mask):
+  """The previous form: masked scores, softmax, masked probabilities."""
+  b, t, h, d = q.shape
+  g = k.shape[2]
+  qr = q.reshape(b, t, g, h // g, d) * jnp.asarray(d ** -0.5, q.dtype)
+  s = jnp.einsum("btgrk,bsgk->bgrts", qr, k, preferred_element_type=jnp.float32)
+  s = jnp.where(mask, s.reshape(b, h, t, -1), NEG_INF)
+  return jnp.where(mask, jax.nn.softmax(s, axis=-1), 0.0)
+
+
+@pytest.mark.parametrize("spec, n", [("btd,dhk->bthk", 1), ("bthk,hkd->btd", 2),
+                                     ("btd,df->btf", 1)])
+@pytest.mark.parametrize("dtype, rel", [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_project_equals_the_einsum(spec, n, dtype, rel):
+  r = jax.random.split(jax.random.key(0), 3)
+  shapes = {"btd,dhk->bthk": ((3, 5, 16), (16, 4, 8)), "bthk,hkd->btd": ((3, 5, 4, 8), (4, 8, 16)),
+            "btd,df->btf": ((3, 5, 16), (16, 24))}[spec]
+  x = jax.random.normal(r[0], shapes[0])
+  w = jax.random.normal(r[1], shapes[1])
+  cot = jax.random.normal(r[2], jnp.einsum(spec, x, w).shape)
+  ref_out, ref_vjp = jax.vjp(lambda a, b: jnp.einsum(spec, a, b), x, w)  # float32 reference
+  dt = jnp.dtype(dtype)
+  out, vjp = jax.vjp(lambda a, b: project(a, b, n), x.astype(dt), w.astype(dt))
+  assert_close_to_scale(out, ref_out, rel)
+  for got, want in zip(vjp(cot.astype(dt)), ref_vjp(cot)):
+    assert_close_to_scale(got, want, rel)
+
+
+@pytest.mark.parametrize("kind, mixed", [("causal", "none"), ("prefix", "none"),
+                                         ("bidirectional", "per_head")])
+def test_mask_bias_equals_masking_scores_and_probabilities(kind, mixed):
+  r = jax.random.split(jax.random.key(1), 3)
+  q = jax.random.normal(r[0], (2, 12, 4, 8))
+  k = jax.random.normal(r[1], (2, 12, 2, 8))
+  seg = jnp.array([[1] * 5 + [2] * 5 + [0] * 2, [1] * 12])
+  prefix = jnp.array([[1] * 2 + [0] * 3 + [1] * 3 + [0] * 4, [1] * 6 + [0] * 6])
+  mask = masks.self_attention_mask(seg, kind=kind, prefix_bt=prefix if kind == "prefix" else None,
+                                   mixed=mixed, num_heads=4)
+  cot = jax.random.normal(r[2], (2, 4, 12, 12))
+  new, new_vjp = jax.vjp(lambda a, b: attention_weights(a, b, mask), q, k)
+  old, old_vjp = jax.vjp(lambda a, b: _where_weights(a, b, mask), q, k)
+  assert_close_to_scale(new, old)
+  assert float(jnp.abs(new[0, :, -2:]).max()) == 0.0  # Padding rows still attend to nothing.
+  np.testing.assert_array_equal(np.asarray(new) > 0, np.asarray(mask & jnp.ones_like(new, bool)))
+  for got, want in zip(new_vjp(cot), old_vjp(cot)):
+    assert_close_to_scale(got, want)

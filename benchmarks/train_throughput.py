@@ -1,14 +1,22 @@
 #!/usr/bin/env python
-"""Train-step throughput and MFU of tiny and small DecLLM / RedLLM configs on this machine.
+"""Train-step throughput and MFU of tiny, small and medium DecLLM / RedLLM configs on this machine.
 
   python benchmarks/train_throughput.py [--steps 10] [--only tiny_decllm,small_redllm]
                                         [--dtypes float32,bfloat16] [--peak 5.69e11]
+                                        [--peer] [--compile_scaling]
 
 Times the jitted train step (forward, backward, clipping, Adafactor; synthetic batches already on
 device, so the data pipeline is not measured) and prints one table: tokens/s counts every input
 position (encoder + decoder), model FLOPs follow docs/flops.md (t5like.training.flops), MFU is
-against the device peak (default: the CPU table of docs/performance.md, f32 569 / bf16 1026 GFLOP/s for
-the machine). Median over ``--steps`` steps after one warm-up (compilation) step.
+against the device peak (default: on CPU a matmul probe of this machine, once per process —
+``flops.measured_cpu_peak``; accelerators by device kind). Median over ``--steps`` steps after
+one warm-up (compilation) step. ``medium_*`` is a 150M-like shape with paper lengths scaled to
+fit (d1024, 8 x 128 heads, FFN 4096, vocab 32768, 1024 tokens per row, bf16, full remat).
+
+``--peer`` adds Hugging Face transformers' ``LlamaForCausalLM`` trained with AdamW on PyTorch at
+the ``small_decllm`` shapes (same layers, widths, tied embeddings, batch and length), when torch
+and transformers are installed (never a dependency of this project), and prints the ratio.
+``--compile_scaling`` compiles the scanned small DecLLM at 4 and 32 layers and prints the ratio.
 """
 from __future__ import annotations
 
@@ -42,12 +50,84 @@ def small_config(family: str) -> Config:
   return cfg
 
 
+def medium_config(family: str) -> Config:
+  """150M-like (paper 150M widths, fewer layers, lengths scaled): memory-bound behaviour shows."""
+  cfg = Config()
+  cfg.model = ModelConfig(family=family, vocab_size=32768, d_model=1024, num_heads=8,
+                          head_dim=128, d_ff=4096, num_layers=8, num_encoder_layers=4,
+                          num_decoder_layers=4, attn_out_norm=family == "redllm",
+                          dtype="bfloat16", remat_policy="full")
+  cfg.data.sequence_length, cfg.data.inputs_length, cfg.data.targets_length = 1024, 512, 512
+  cfg.train.batch_size, cfg.train.warmup_steps, cfg.train.steps = 4, 10, 1000
+  return cfg
+
+
+FIXED_DTYPE = {"medium_decllm": "bfloat16", "medium_redllm": "bfloat16"}
 CONFIGS = {
     "tiny_decllm": lambda: presets.tiny_pretraining("decllm"),
     "tiny_redllm": lambda: presets.tiny_pretraining("redllm"),
     "small_decllm": lambda: small_config("decllm"),
     "small_redllm": lambda: small_config("redllm"),
+    "medium_decllm": lambda: medium_config("decllm"),
+    "medium_redllm": lambda: medium_config("redllm"),
 }
+
+
+def measure_peer(dtype: str, steps: int) -> dict | None:
+  """transformers' Llama at the small_decllm shapes, AdamW, PyTorch's own threads."""
+  try:
+    import torch
+    import transformers
+  except ImportError:
+    return None
+  cfg = small_config("decllm")
+  m, b, s = cfg.model, cfg.train.batch_size, cfg.data.sequence_length
+  torch.manual_seed(0)
+  config = transformers.LlamaConfig(
+      vocab_size=m.vocab_size, hidden_size=m.d_model, intermediate_size=m.d_ff,
+      num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
+      num_key_value_heads=m.num_heads, head_dim=m.head_dim, max_position_embeddings=s,
+      tie_word_embeddings=True)
+  torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+  model = transformers.LlamaForCausalLM(config).to(torch_dtype).train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+  ids = torch.randint(2, m.vocab_size, (b, s))
+
+  def step():
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+  t0 = time.perf_counter()
+  step()
+  compile_s = time.perf_counter() - t0
+  times = []
+  for _ in range(steps):
+    t = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t)
+  dt = statistics.median(times)
+  return {"config": "transformers Llama (PyTorch, AdamW)", "family": "decllm",
+          "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "dtype": dtype,
+          "shape": f"{b}x{s}", "step_ms": dt * 1e3, "tokens_s": b * s / dt,
+          "gflops": flops.train_flops(m, b, s, 0) / dt / 1e9, "mfu": float("nan"),
+          "compile_s": compile_s}
+
+
+def compile_scaling() -> list[tuple[int, float]]:
+  """Compile seconds of the scanned small DecLLM train step at 4 and 32 layers."""
+  out = []
+  for layers in (4, 32):
+    cfg = small_config("decllm")
+    cfg.model.num_layers = layers
+    mesh = partitioning.make_mesh(cfg.mesh)
+    setup = state_lib.build_setup(cfg, mesh)
+    from t5like.training import aot
+    batch = aot.abstract_batch(cfg, setup.batch_sharding, cfg.train.batch_size)
+    t = time.perf_counter()
+    step_lib.make_train_step(setup).lower(setup.abstract_state, batch).compile()
+    out.append((layers, time.perf_counter() - t))
+  return out
 
 
 def measure(name: str, cfg: Config, steps: int, peak: float) -> dict:
@@ -86,19 +166,33 @@ def main() -> None:
   ap.add_argument("--only", default="", help="comma-separated subset of " + ",".join(CONFIGS))
   ap.add_argument("--dtypes", default="float32,bfloat16")
   ap.add_argument("--peak", type=float, default=0.0,
-                  help="peak FLOP/s of the whole mesh (default: device-kind lookup)")
+                  help="peak FLOP/s of the whole mesh (default: CPU matmul probe / device kind)")
+  ap.add_argument("--peer", action="store_true",
+                  help="also train transformers' Llama on PyTorch at the small_decllm shapes")
+  ap.add_argument("--compile_scaling", action="store_true",
+                  help="compile time of a scanned 32-layer vs 4-layer small DecLLM")
   args = ap.parse_args()
   names = [n for n in (args.only.split(",") if args.only else CONFIGS) if n]
   rows = []
   for name in names:
-    for dtype in args.dtypes.split(","):
+    for dtype in ([FIXED_DTYPE[name]] if name in FIXED_DTYPE else args.dtypes.split(",")):
       cfg = CONFIGS[name]()
       cfg.model.dtype = dtype
       cfg.validate()
-      rows.append(measure(name, cfg, args.steps, args.peak))
+      rows.append(measure(name, cfg, min(args.steps, 3) if name in FIXED_DTYPE else args.steps,
+                          args.peak))
       print(f"  measured {name} {dtype}", file=sys.stderr, flush=True)
+  if args.peer:
+    for dtype in args.dtypes.split(","):
+      peer = measure_peer(dtype, args.steps)
+      if peer is None:
+        print("--peer: torch / transformers not installed; no peer rows", file=sys.stderr)
+        break
+      rows.append(peer)
+  peak = args.peak or flops.peak_flops_per_device(0.0, "float32") * jax.device_count()
   print(f"\ndevice: {jax.devices()[0].device_kind} x {jax.device_count()}; "
-        f"FLOPs: docs/flops.md convention; median of {args.steps} steps\n")
+        f"FLOPs: docs/flops.md convention; median of {args.steps} steps (medium: 3); "
+        f"f32 matmul peak measured here {peak / 1e9:.0f} GFLOP/s\n")
   head = ("config", "family", "params (M)", "dtype", "batch x len", "step ms", "tokens/s",
           "GFLOP/s", "MFU", "compile s")
   print("| " + " | ".join(head) + " |")
@@ -107,6 +201,22 @@ def main() -> None:
     print(f"| {r['config']} | {r['family']} | {r['params_m']:.2f} | {r['dtype']} | {r['shape']} "
           f"| {r['step_ms']:.0f} | {r['tokens_s']:,.0f} | {r['gflops']:.0f} | "
           f"{100 * r['mfu']:.1f}% | {r['compile_s']:.1f} |")
+  peers = {r["dtype"]: r for r in rows if r["config"].startswith("transformers")}
+  if peers:
+    best_peer = max(peers.values(), key=lambda r: r["tokens_s"])
+    ours = [r for r in rows if r["config"] == "small_decllm"]
+    if ours:
+      best = max(ours, key=lambda r: r["tokens_s"])
+      print(f"\nsmall_decllm best ({best['dtype']}) / transformers best ({best_peer['dtype']}): "
+            f"{best['tokens_s'] / best_peer['tokens_s']:.2f}x")
+      for r in ours:
+        if r["dtype"] in peers:
+          print(f"small_decllm {r['dtype']} / transformers {r['dtype']}: "
+                f"{r['tokens_s'] / peers[r['dtype']]['tokens_s']:.2f}x")
+  if args.compile_scaling:
+    (l4, c4), (l32, c32) = compile_scaling()
+    print(f"\ncompile of the scanned small DecLLM step: {l4} layers {c4:.1f} s, {l32} layers "
+          f"{c32:.1f} s ({c32 / c4:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ Embedding lookups, norms, RoPE, softmax and the optimizer are not counted (as in
 """
 from __future__ import annotations
 
+import time
+
 import jax
+import jax.numpy as jnp
 
 from t5like.config.model import ModelConfig
 
@@ -66,10 +69,28 @@ _PEAKS = (
     ("tpu v5", 459e12), ("tpu v4", 275e12), ("tpu v3", 123e12), ("h200", 989e12),
     ("h100", 989e12), ("a100", 312e12), ("l4", 121e12),
 )
-# This project's 2-vCPU CPU box (docs/performance.md): f32 FMA 569 GFLOP/s, bf16 with f32 accumulation
-# ~1,026 GFLOP/s, for the whole machine (host-platform "devices" share the same cores).
-CPU_PEAK_F32 = 569e9
-CPU_PEAK_BF16 = 1026e9
+# CPU peaks are measured, per process and dtype (host-platform "devices" share the same cores).
+_CPU_PEAK_CACHE: dict[str, float] = {}
+
+
+def measured_cpu_peak(compute_dtype: str, n: int = 1024, reps: int = 5) -> float:
+  """FLOP/s of the whole host's CPU devices on a plain ``n x n`` matmul in ``compute_dtype``
+  (bf16/f16 operands with f32 accumulation, the fast path on XLA:CPU), best of ``reps``; measured
+  once per process. CPU types differ by ~2.5x (docs/performance.md), so no constant holds."""
+  key = f"{compute_dtype}:{n}"
+  if key not in _CPU_PEAK_CACHE:
+    dt = jnp.dtype(compute_dtype)
+    cpu = jax.local_devices(backend="cpu")[0]
+    a = jax.device_put(jnp.ones((n, n), dt), cpu)
+    f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
+    f(a, a).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+      t = time.perf_counter()
+      f(a, a).block_until_ready()
+      best = min(best, time.perf_counter() - t)
+    _CPU_PEAK_CACHE[key] = 2.0 * n ** 3 / best
+  return _CPU_PEAK_CACHE[key]
 
 
 def peak_flops_per_device(configured: float, compute_dtype: str) -> float:
@@ -77,9 +98,8 @@ def peak_flops_per_device(configured: float, compute_dtype: str) -> float:
   if configured > 0:
     return configured
   dev = jax.local_devices()[0]
-  if dev.platform == "cpu":
-    total = CPU_PEAK_F32 if compute_dtype == "float32" else CPU_PEAK_BF16
-    return total / jax.local_device_count()
+  if dev.platform == "cpu":  # One matmul probe per process: the host's own peak.
+    return measured_cpu_peak(compute_dtype) / jax.local_device_count()
   kind = dev.device_kind.lower()
   for key, peak in _PEAKS:
     if key in kind:

@@ -81,7 +81,12 @@ def test_flops_follow_paper_convention():
       2 * enc + dec + 2 * b * sd * 8 * 100)
 
 
-def test_peak_lookup():
+def test_peak_lookup_and_the_cpu_peak_is_measured_here():
   assert flops.peak_flops_per_device(123.0, "bfloat16") == 123.0
+  probe = flops.measured_cpu_peak("float32")
   assert flops.peak_flops_per_device(0.0, "float32") == pytest.approx(
-      flops.CPU_PEAK_F32 / jax.local_device_count())
+      probe / jax.local_device_count())
+  assert flops.measured_cpu_peak("float32") == probe  # Once per process.
+  # A plain matmul on any x86 core does between 1 GFLOP/s and 10 TFLOP/s: a measurement, not
+  # the old 569 GFLOP/s constant of one CPU type.
+  assert 1e9 < probe < 1e13

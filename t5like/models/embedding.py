@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t5like.config.model import ModelConfig
-from t5like.models.layers import constrain, dtype, param
+from t5like.models.layers import constrain, dtype, matmul_2d, param
 
 
 class TiedEmbedding(nnx.Module):
@@ -25,7 +25,6 @@ class TiedEmbedding(nnx.Module):
     dt = dtype(self.cfg.dtype)
     x = (x_btd * (self.cfg.d_model ** -0.5)).astype(dt)
     # btd,vd->btv as one 2-D matmul (see ``layers.project``).
-    logits_btv = jax.lax.dot_general(
-        x.reshape(-1, x.shape[-1]), self.table[...].astype(dt), (((1,), (1,)), ((), ())),
-        preferred_element_type=jnp.float32).reshape(*x.shape[:-1], -1)
+    logits_btv = matmul_2d(x.reshape(-1, x.shape[-1]), self.table[...].astype(dt), 1,
+                           jnp.float32).reshape(*x.shape[:-1], -1)
     return constrain(logits_btv, ("batch", "length", "vocab"))

@@ -213,7 +213,8 @@ def main() -> None:
     ours = [r for r in rows if r["config"].startswith("small_decllm")]
     if ours:
       best = max(ours, key=lambda r: r["tokens_s"])
-      print(f"\n{best['config']} best ({best['dtype']}) / transformers best ({best_peer['dtype']}): "
+      print(f"\n{best['config']} best ({best['dtype']}) / transformers best "
+            f"({best_peer['dtype']}): "
             f"{best['tokens_s'] / best_peer['tokens_s']:.2f}x")
       for r in ours:
         if r["dtype"] in peers:

@@ -37,7 +37,8 @@ CANDIDATES = [("dots_no_batch", 1), ("dots_no_batch", 2), ("full", 1), ("full", 
               ("full", 8), ("full", 16)]
 SKIP_ABOVE = 1.5  # Skip a candidate whose summed estimates exceed this multiple of the HBM.
 # Data paths the paper configs require; a compile reads no data, so they are never opened.
-PLACEHOLDERS = ["data.data_dir=gs://compile-only/corpus", "data.vocab_path=gs://compile-only/spm.model",
+PLACEHOLDERS = ["data.data_dir=gs://compile-only/corpus",
+                "data.vocab_path=gs://compile-only/spm.model",
                 "train.init_from=gs://compile-only/pretrained"]
 BEGIN, END = "<!-- tpu-table -->", "<!-- /tpu-table -->"
 
@@ -116,7 +117,8 @@ def _row(name: str, topo: str, r: dict[str, Any]) -> str:
   fits = f"{r['headroom']:.0%}" if r["fits"] else f"**no** ({r['headroom']:.0%})"
   return (f"| {name} | {topo} | {r['num_params'] / 1e9:.2f}B | {mesh} | {r['microbatches']} | "
           f"{r['remat']} | {r['train']['peak'] / aot.GiB:.1f} / {r['hbm_bytes'] / aot.GiB:.0f} | "
-          f"{fits} | {r['step_s']:.2f}-{r['step_serial_s']:.2f} | {r['mfu_serial']:.0%}-{r['mfu']:.0%} | "
+          f"{fits} | {r['step_s']:.2f}-{r['step_serial_s']:.2f} | "
+          f"{r['mfu_serial']:.0%}-{r['mfu']:.0%} | "
           f"{r['compile_s']:.0f} |")
 
 

@@ -13,7 +13,8 @@ The roofline brackets the step time between the longest (perfect overlap: an upp
 MFU) and the sum (no overlap) of three terms: executed FLOPs / peak — the model's FLOPs plus the
 forward pass a remat policy recomputes —, HBM bytes / HBM bandwidth, and FSDP collective bytes /
 ICI bandwidth. Both assume the matrix units run at peak on every FLOP; elementwise work (norms,
-softmax, RoPE) and kernel launch gaps are not modelled, so a measured MFU is lower still. HBM bytes: parameters, gradients and optimizer state read and written once
+softmax, RoPE) and kernel launch gaps are not modelled, so a measured MFU is lower still.
+HBM bytes: parameters, gradients and optimizer state read and written once
 per microbatch-accumulated step plus the compiled temporaries written and read once; ICI bytes:
 the FSDP all-gather of the parameters (forward and backward, per microbatch) and the
 reduce-scatter of the gradients.

@@ -1,10 +1,10 @@
 """The paper table for TPU slices: every paper config compiled ahead of time (``aot.py``) for the
 slices a user would rent, with the microbatches / remat policy / mesh that make it fit.
 
-Usage (needs libtpu: ``pip install -e '.[tpu]'``, or ``make aot-table``)::
+Usage (needs libtpu: ``pip install -e '.[tpu]'``, or ``make tpu-table``)::
 
   python -m t5like.tools.tpu_table --topologies v5p-128 v5e-256 \
-      --results runs/tpu_table.json --markdown docs/tpu_table.md [--readme README.md]
+      --results runs/tpu_table.json [--markdown TABLE.md] [--readme README.md]
 
 For each config and slice it compiles candidate settings in order of predicted MFU (fewest
 microbatches and least recomputation first) and keeps the first that fits with the headroom

@@ -27,18 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5like import partitioning
+from t5like.models.layers import on_cpu
 from t5like.models.masks import MaskSpec
 
 _QKV = ("batch", "length", "heads", "kv")
 _SEG = ("batch", "length")
-
-
-def _interpret() -> bool:
-  """Pallas interpret mode when the kernel would run on a CPU (the tests)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty:
-    return mesh.abstract_device.platform == "cpu"
-  return jax.default_backend() == "cpu"
 
 
 def _block(n: int) -> int:
@@ -84,7 +77,7 @@ def _splash_shard(kind: str, q_bthk, k_bshk, v_bshk, q_seg_bt, kv_seg_bs):
   """Per shard: vmap the single-example kernel over the local batch."""
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   t, h = q_bthk.shape[1], q_bthk.shape[2]
-  kernel = _splash_kernel(kind, t, k_bshk.shape[1], h, _interpret())
+  kernel = _splash_kernel(kind, t, k_bshk.shape[1], h, on_cpu())  # CPU: interpret mode.
   out_bhtk = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=sk.SegmentIds(qs, ks)))(
       q_bthk.transpose(0, 2, 1, 3), k_bshk.transpose(0, 2, 1, 3), v_bshk.transpose(0, 2, 1, 3),
       q_seg_bt, kv_seg_bs)
@@ -138,7 +131,7 @@ def cudnn_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array, spe
                     implementation: str | None = "cudnn") -> jax.Array:
   """``jax.nn.dot_product_attention`` with causal / full attention and padding as lengths.
 
-  ``implementation=None`` runs XLA's version of the same call (how the CPU tests check the
+  ``implementation="xla"`` runs XLA's version of the same call (how the CPU tests check the
   translation of the spec); rows must hold one example (segment 1, then padding 0).
   """
   if spec.kind == "prefix" or (spec.mixed != "none" and spec.kind != "causal"):

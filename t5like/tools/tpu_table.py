@@ -112,6 +112,13 @@ def splash_variant(cfg: Config, chip: aot.Chip, devices) -> dict[str, Any]:
                             "mfu_serial", "compile_s")}
 
 
+def _rank(key: str) -> tuple[int, str]:
+  """Table order: the paper configs in PRETRAIN + FINETUNE order, then the slice."""
+  name, topo = key.split("@")
+  names = PRETRAIN + FINETUNE
+  return (names.index(name) if name in names else len(names), topo)
+
+
 def _row(name: str, topo: str, r: dict[str, Any]) -> str:
   mesh = "x".join(f"{k}{v}" for k, v in r["mesh"].items() if v > 1) or "1"
   fits = f"{r['headroom']:.0%}" if r["fits"] else f"**no** ({r['headroom']:.0%})"
@@ -126,7 +133,7 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
   rows = ["| config | slice | params | mesh | micro-batches | remat | peak / HBM GiB per chip | "
           "headroom | step s | roofline MFU | compile s |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
-  for key in sorted(results, key=lambda k: (results[k]["order"], k)):
+  for key in sorted(results, key=_rank):
     name, topo = key.split("@")
     rows.append(_row(name, topo, results[key]))
   return "\n".join(rows)
@@ -136,7 +143,7 @@ def splash_markdown(results: dict[str, dict[str, Any]]) -> str:
   rows = ["| config | slice | micro-batches | remat | peak GiB per chip xla / splash | "
           "temporaries GiB xla / splash | roofline step s xla / splash |",
           "|---|---|---|---|---|---|---|"]
-  for key in sorted(results, key=lambda k: (results[k]["order"], k)):
+  for key in sorted(results, key=_rank):
     r = results[key]
     if "splash" not in r:
       continue
@@ -167,15 +174,17 @@ def main(argv: list[str] | None = None) -> int:
                   help="configs also compiled with model.attention_impl=splash at the chosen "
                        "setting (the xla-vs-splash table)")
   ap.add_argument("--results", default="runs/tpu_table.json")
+  ap.add_argument("--report_only", action="store_true",
+                  help="compile nothing: the table of what --results already holds")
   ap.add_argument("--markdown", default="")
   ap.add_argument("--readme", default="")
   args = ap.parse_args(argv)
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   results_path = epath.Path(args.results)
   results = json.loads(results_path.read_text()) if results_path.exists() else {}
-  for ti, topo in enumerate(args.topologies):
+  for topo in [] if args.report_only else args.topologies:
     chip, devices = aot.topology_devices(topo)
-    for ci, name in enumerate(args.configs):
+    for name in args.configs:
       key = f"{name}@{topo}"
       base = load_config(os.path.join(root, "configs", f"{name}.py"), PLACEHOLDERS)
       if key in results:  # Done; maybe still without its requested splash variant.
@@ -188,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
       report, chosen = search(base, chip, devices, log=lambda s: print(s, flush=True))
       if name in args.splash_configs:
         report["splash"] = splash_variant(chosen, chip, devices)
-      report["order"] = ci * 100 + ti
       results[key] = _jsonable(report)
       results_path.parent.mkdir(parents=True, exist_ok=True)
       results_path.write_text(json.dumps(results, indent=1, default=float))

@@ -148,6 +148,8 @@ def main(argv=None) -> None:
       cfg.data.objective = "inputs_targets" if corpus == "flan" else "auto"
       rows.append((f"{label}, {source}", measure(cfg.validate(), args.batch_size, args.warmup,
                                                  args.batches)))
+      # Each row as soon as it is measured: a run stopped later (memory, time) keeps it.
+      print(f"  {rows[-1][0]}: {json.dumps(rows[-1][1])}", file=sys.stderr, flush=True)
 
   cols = ("packed tok/s", "tok/CPU-s", "fill", "cold start s", "resume s")
   width = max([len(label) for label, _ in rows] + [10])

@@ -36,8 +36,11 @@ def _run(workdir, *, check=True, timeout=300, data="synthetic", **options):
                         cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
                         timeout=timeout)
   if check and proc.returncode != 0:
+    # Orbax's unraisable-coroutine reports at interpreter exit can fill the stderr tail; show
+    # what was printed before them (the run's own error).
+    err = proc.stderr.split("Exception ignored in", 1)[0]
     raise AssertionError(f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                         f"{proc.stderr[-5000:]}")
+                         f"{err[-5000:]}")
   return proc
 
 

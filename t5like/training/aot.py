@@ -138,6 +138,13 @@ def _lengths(cfg: Config) -> tuple[int, int]:
   return lengths["decoder_target_tokens"], lengths.get("encoder_input_tokens", 0)
 
 
+def _state_bytes(setup: state_lib.TrainSetup) -> tuple[int, int]:
+  """Bytes one device holds of the parameters and of the optimizer state."""
+  st, sh = setup.abstract_state, setup.state_shardings
+  return (partitioning.bytes_per_device(st.params, sh.params),
+          partitioning.bytes_per_device(st.opt_state, sh.opt_state))
+
+
 def activation_estimates(cfg: Config, setup: state_lib.TrainSetup) -> dict[str, float]:
   """Rough bytes per device of the big consumers, to name the largest when a config does not
   fit (the compiled totals do not say which buffer is which)."""
@@ -150,12 +157,10 @@ def activation_estimates(cfg: Config, setup: state_lib.TrainSetup) -> dict[str, 
   layers = m.num_layers if m.family == "decllm" else m.num_encoder_layers + m.num_decoder_layers
   tokens = rows * (dec + enc)
   saved = 1 if m.remat_policy == "full" else 12  # Per-layer [tokens, d] tensors kept for bwd.
-  st = setup.abstract_state
+  params, opt_state = _state_bytes(setup)
   return {
-      "parameters + optimizer state": float(
-          partitioning.bytes_per_device(st.params, setup.state_shardings.params)
-          + partitioning.bytes_per_device(st.opt_state, setup.state_shardings.opt_state)),
-      "gradients": float(partitioning.bytes_per_device(st.params, setup.state_shardings.params)),
+      "parameters + optimizer state": float(params + opt_state),
+      "gradients": float(params),
       "logits (f32, with their gradient)": 3.0 * rows * dec * m.vocab_size * 4 / tensor,
       "attention scores (per layer, f32)": (2.0 * rows * m.num_heads * max(dec, enc) ** 2 * 4
                                             / tensor if m.attention_impl == "xla" else 0.0),
@@ -196,11 +201,9 @@ def roofline(cfg: Config, setup: state_lib.TrainSetup, chip: Chip | None, peak_f
          "model_compute_s": total / n / peak_flops if peak_flops else 0.0}
   if chip is None:
     return out
-  st, sh = setup.abstract_state, setup.state_shardings
-  state_bytes = (partitioning.bytes_per_device(st.params, sh.params)
-                 + partitioning.bytes_per_device(st.opt_state, sh.opt_state))
-  grads = partitioning.bytes_per_device(st.params, sh.params)
-  hbm = 2 * (state_bytes + grads) + 2 * mem["temporaries"]
+  st = setup.abstract_state
+  params, opt_state = _state_bytes(setup)
+  hbm = 2 * (params + opt_state + params) + 2 * mem["temporaries"]  # State, then gradients.
   full_params = sum(x.size * (2 if cfg.model.dtype == "bfloat16" else 4)
                     for x in jax.tree.leaves(st.params))
   fsdp = setup.mesh.shape.get("fsdp", 1)
@@ -280,9 +283,7 @@ def _refused(error: Exception, cfg: Config, setup: state_lib.TrainSetup) -> dict
   if "RESOURCE_EXHAUSTED" not in msg or not m:
     raise error
   temps = int(float(m.group(1)) * 1024 ** "KMGT".index(m.group(2)) * 1024)
-  st, sh = setup.abstract_state, setup.state_shardings
-  args = (partitioning.bytes_per_device(st.params, sh.params)
-          + partitioning.bytes_per_device(st.opt_state, sh.opt_state))
+  args = sum(_state_bytes(setup))
   return {"arguments": args, "outputs": args, "aliased": args, "temporaries": temps, "code": 0,
           "peak": args + temps}
 

@@ -41,8 +41,7 @@ def on_cpu() -> bool:
   return jax.default_backend() == "cpu"
 
 
-def project(x: jax.Array, w: jax.Array, n_contract: int = 1, *,
-            preferred_element_type=None) -> jax.Array:
+def project(x: jax.Array, w: jax.Array, n_contract: int = 1) -> jax.Array:
   """``x [..., *c] @ w [*c, *o] -> [..., *o]`` (the last ``n_contract`` axes of ``x`` against the
   first of ``w``) as one 2-D matmul ``[N, K] x [K, M]``.
 
@@ -55,8 +54,7 @@ def project(x: jax.Array, w: jax.Array, n_contract: int = 1, *,
       w.shape[n_contract:]
   k = math.prod(contract)
   assert tuple(w.shape[:n_contract]) == tuple(contract), (x.shape, w.shape)
-  y = matmul_2d(x.reshape(-1, k), w.reshape(k, -1), 0,
-                preferred_element_type or x.dtype)
+  y = matmul_2d(x.reshape(-1, k), w.reshape(k, -1), 0, x.dtype)
   return y.reshape(*lead, *out)
 
 

@@ -10,8 +10,9 @@ For each config and slice it compiles candidate settings in order of predicted M
 microbatches and least recomputation first) and keeps the first that fits with the headroom
 ``aot.HEADROOM``. Candidates that the per-device estimates already put far over the chip's HBM
 are skipped without compiling. Results are appended to ``--results`` after each compile, so an
-interrupted table resumes where it stopped. ``--readme`` replaces the block between
-``<!-- tpu-table -->`` and ``<!-- /tpu-table -->``.
+interrupted table resumes where it stopped. ``--readme`` rewrites the block between
+``<!-- tpu-table -->`` and ``<!-- /tpu-table -->``: rows with a result in ``--results`` are
+replaced or added, the block's other rows are kept (so a new slice or config is one more run).
 """
 from __future__ import annotations
 
@@ -53,8 +54,10 @@ def _candidate(base: Config, remat: str, microbatches: int, fsdp_split: int) -> 
   return cfg
 
 
-def search(base: Config, chip: aot.Chip, devices, log=print) -> tuple[dict[str, Any], Config]:
-  """Compiles candidates until one fits; returns its report and config (or the last tried)."""
+def search(base: Config, chip: aot.Chip, devices, log=print,
+           max_compiles: int = 8) -> tuple[dict[str, Any], Config]:
+  """Compiles candidates until one fits or ``max_compiles`` were compiled; returns the report
+  and config of the one that fits (or of the last tried)."""
   from t5like import partitioning
   from t5like.training import state as state_lib
   last: dict[str, Any] | None = None
@@ -87,7 +90,7 @@ def search(base: Config, chip: aot.Chip, devices, log=print) -> tuple[dict[str, 
           f"{report['train']['peak'] / aot.GiB:.1f} GiB, fits={report['fits']}, "
           f"MFU {report['mfu_serial']:.0%}-{report['mfu']:.0%} ({time.time() - t0:.0f} s)")
       last = report, cfg
-      if report["fits"] or tried >= 4:
+      if report["fits"] or tried >= max_compiles:
         return last
   if last is None:
     raise ConfigError("no candidate setting could be built for this slice")
@@ -129,33 +132,67 @@ def _row(name: str, topo: str, r: dict[str, Any]) -> str:
           f"{r['compile_s']:.0f} |")
 
 
-def markdown(results: dict[str, dict[str, Any]]) -> str:
+def _lines(results: dict[str, dict[str, Any]], keep: dict[str, str], row) -> list[str]:
+  """Table rows in table order: ``keep`` (rows already written) updated with ``results``."""
+  lines = dict(keep)
+  for key, r in results.items():
+    line = row(*key.split("@"), r)
+    if line:
+      lines[key] = line
+  return [lines[k] for k in sorted(lines, key=_rank)]
+
+
+def markdown(results: dict[str, dict[str, Any]], keep: dict[str, str] | None = None) -> str:
   rows = ["| config | slice | params | mesh | micro-batches | remat | peak / HBM GiB per chip | "
           "headroom | step s | roofline MFU | compile s |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
-  for key in sorted(results, key=_rank):
-    name, topo = key.split("@")
-    rows.append(_row(name, topo, results[key]))
-  return "\n".join(rows)
+  return "\n".join(rows + _lines(results, keep or {}, _row))
 
 
-def splash_markdown(results: dict[str, dict[str, Any]]) -> str:
+def _splash_row(name: str, topo: str, r: dict[str, Any]) -> str:
+  if "splash" not in r:
+    return ""
+  sp = r["splash"]
+  return (f"| {name} | {topo} | {r['microbatches']} | {r['remat']} | "
+          f"{r['train']['peak'] / aot.GiB:.1f} / {sp['train']['peak'] / aot.GiB:.1f} | "
+          f"{r['train']['temporaries'] / aot.GiB:.1f} / "
+          f"{sp['train']['temporaries'] / aot.GiB:.1f} | "
+          f"{r['step_s']:.2f}-{r['step_serial_s']:.2f} / "
+          f"{sp['step_s']:.2f}-{sp['step_serial_s']:.2f} |")
+
+
+def splash_markdown(results: dict[str, dict[str, Any]], keep: dict[str, str] | None = None) -> str:
   rows = ["| config | slice | micro-batches | remat | peak GiB per chip xla / splash | "
           "temporaries GiB xla / splash | roofline step s xla / splash |",
           "|---|---|---|---|---|---|---|"]
-  for key in sorted(results, key=_rank):
-    r = results[key]
-    if "splash" not in r:
-      continue
-    name, topo = key.split("@")
-    sp = r["splash"]
-    rows.append(f"| {name} | {topo} | {r['microbatches']} | {r['remat']} | "
-                f"{r['train']['peak'] / aot.GiB:.1f} / {sp['train']['peak'] / aot.GiB:.1f} | "
-                f"{r['train']['temporaries'] / aot.GiB:.1f} / "
-                f"{sp['train']['temporaries'] / aot.GiB:.1f} | "
-                f"{r['step_s']:.2f}-{r['step_serial_s']:.2f} / "
-                f"{sp['step_s']:.2f}-{sp['step_serial_s']:.2f} |")
-  return "\n".join(rows) if len(rows) > 2 else ""
+  lines = _lines(results, keep or {}, _splash_row)
+  return "\n".join(rows + lines) if lines else ""
+
+
+def block_rows(block: str) -> tuple[dict[str, str], dict[str, str]]:
+  """The rows of a table block written before, keyed like results (``config@slice``): the main
+  table's and the splash table's. ``--readme`` keeps them unless this run has a result for them,
+  so a table grows slice by slice without recompiling what is already there."""
+  main: dict[str, str] = {}
+  splash: dict[str, str] = {}
+  target = main
+  for line in block.splitlines():
+    if line.startswith("Same settings"):
+      target = splash
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if line.startswith("| ") and len(cells) > 2 and cells[0] != "config":
+      target[f"{cells[0]}@{cells[1]}"] = line
+  return main, splash
+
+
+def table(results: dict[str, dict[str, Any]], block: str = "") -> str:
+  """The markdown of ``results`` merged into the rows of ``block`` (a table written before)."""
+  keep_main, keep_splash = block_rows(block)
+  text = markdown(results, keep_main)
+  splash = splash_markdown(results, keep_splash)
+  if splash:
+    text += "\n\nSame settings with `model.attention_impl=splash`:\n\n" + splash
+  return text
 
 
 def _jsonable(r: dict[str, Any]) -> dict[str, Any]:
@@ -174,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                   help="configs also compiled with model.attention_impl=splash at the chosen "
                        "setting (the xla-vs-splash table)")
   ap.add_argument("--results", default="runs/tpu_table.json")
+  ap.add_argument("--max_compiles", type=int, default=8,
+                  help="compiles per config and slice before giving up on a fitting setting")
   ap.add_argument("--report_only", action="store_true",
                   help="compile nothing: the table of what --results already holds")
   ap.add_argument("--markdown", default="")
@@ -194,21 +233,18 @@ def main(argv: list[str] | None = None) -> int:
           results_path.write_text(json.dumps(results, indent=1, default=float))
         continue
       print(f"{key}:", flush=True)
-      report, chosen = search(base, chip, devices, log=lambda s: print(s, flush=True))
+      report, chosen = search(base, chip, devices, log=lambda s: print(s, flush=True),
+                              max_compiles=args.max_compiles)
       if name in args.splash_configs:
         report["splash"] = splash_variant(chosen, chip, devices)
       results[key] = _jsonable(report)
       results_path.parent.mkdir(parents=True, exist_ok=True)
       results_path.write_text(json.dumps(results, indent=1, default=float))
   chosen = {k: v for k, v in results.items()
-            if k.split("@")[1] in args.topologies and k.split("@")[0] in args.configs}
-  table = markdown(chosen)
-  splash = splash_markdown(chosen)
-  if splash:
-    table += "\n\nSame settings with `model.attention_impl=splash`:\n\n" + splash
-  print(table)
+             if k.split("@")[1] in args.topologies and k.split("@")[0] in args.configs}
+  print(table(chosen))
   if args.markdown:
-    epath.Path(args.markdown).write_text(table + "\n")
+    epath.Path(args.markdown).write_text(table(chosen) + "\n")
   if args.readme:
     readme = epath.Path(args.readme)
     text = readme.read_text()
@@ -216,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
       print(f"{args.readme} has no {BEGIN} ... {END} block", file=sys.stderr)
       return 2
     head, rest = text.split(BEGIN, 1)
-    readme.write_text(head + BEGIN + "\n" + table + "\n" + END + rest.split(END, 1)[1])
+    block, tail = rest.split(END, 1)
+    readme.write_text(head + BEGIN + "\n" + table(chosen, block) + "\n" + END + tail)
   return 0
 
 

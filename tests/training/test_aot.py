@@ -130,3 +130,31 @@ def test_a_step_the_accelerator_compiler_refuses_is_a_clear_error():
 
   with pytest.raises(jax.errors.JaxRuntimeError, match="something else"):
     aot.compile_checked(cfg, setup, Broken())
+
+
+def _result(peak_gib: float, microbatches: int = 1) -> dict:
+  """A stored tpu_table result with the fields the table prints."""
+  return {"mesh": {"data": 1, "fsdp": 64, "tensor": 1}, "num_params": 1.5e8,
+          "microbatches": microbatches, "remat": "full",
+          "train": {"peak": peak_gib * aot.GiB, "temporaries": peak_gib * aot.GiB},
+          "hbm_bytes": 95 * aot.GiB, "fits": True, "headroom": 1 - peak_gib / 95,
+          "step_s": 0.1, "step_serial_s": 0.2, "mfu": 0.9, "mfu_serial": 0.7, "compile_s": 10}
+
+
+def test_tpu_table_merges_new_results_into_the_rows_already_written():
+  """``--readme`` keeps the block's rows it has no result for, replaces the ones it has, and
+  orders rows as the paper configs, then the slice: one more slice is one more run."""
+  from t5like.tools import tpu_table
+  old = tpu_table.table({"redllm_150m@v5p-128": _result(40.0),
+                         "decllm_150m_flan@v5p-128": _result(30.0)})
+  new = tpu_table.table({"decllm_150m_flan@v5e-256": _result(12.0, microbatches=4),
+                         "redllm_150m@v5p-128": _result(20.0)}, block=old)
+  lines = [ln for ln in new.splitlines() if ln.startswith("| ") and "config" not in ln]
+  assert [ln.split("|")[1].strip() + "@" + ln.split("|")[2].strip() for ln in lines] == [
+      "redllm_150m@v5p-128", "decllm_150m_flan@v5e-256", "decllm_150m_flan@v5p-128"]
+  assert "20.0 / 95" in lines[0] and "40.0" not in new  # Replaced by the new result.
+  assert "| 4 |" in lines[1] and "30.0 / 95" in lines[2]  # Added; kept.
+  # The splash table merges the same way.
+  with_splash = dict(_result(20.0), splash=_result(15.0))
+  both = tpu_table.table({"decllm_1b@v5p-128": with_splash}, block=new)
+  assert "20.0 / 15.0" in both.split("Same settings")[1] and "30.0 / 95" in both

@@ -9,13 +9,16 @@ The corpus is generated once into ``--corpus_dir`` by `t5like.tools.make_paper_c
 RedPajama subsets with hundreds of shards, ``--flan_tasks`` FLAN tasks of 10-10,000 examples,
 ``.jsonl.zst``); ``tfds`` rows convert it once (one process per subset) into
 ``<corpus_dir>/tfds``. Every row reads through `t5like.data.pipeline.make_iterator`, as training
-does, with the paper presets' data settings (stream chunking, RedLLM 1024+1024 / FLAN 2048+512,
-FLAN counts from the cache next to the data) and the embedded 8,192-piece vocabulary.
+does, with the data settings of the paper presets (`t5like.training.presets`: stream chunking,
+RedLLM 1024+1024, FLAN 2048+512 with one pipeline per sub-mixture and counts from the cache next
+to the data) and the embedded 8,192-piece vocabulary. ``--flan_grouping task`` measures FLAN with
+one pipeline per task instead (minutes to build and ~15 MB of host memory per task).
 
 Columns: packed tokens/s (non-padding encoder + decoder tokens) in wall time, and per CPU-second
 of this process (user + system time: the rate one core sustains, whatever else runs on the
 machine); fill (non-padding share of row cells); cold start (build + first batch); resume (a new
-iterator restored from a checkpoint taken mid-epoch, to its first batch). The cores table divides
+iterator restored from a checkpoint taken mid-epoch, to its first batch); RSS (this process's
+resident memory after the row, both of its iterators open). The cores table divides
 a host's demand by the per-core rate: the 150M model needs ~1.1 GFLOP per training token, so a
 v5p chip (459 TFLOP/s bf16) at 55% MFU eats ~230k tokens/s and a 4-chip host ~0.92M.
 """
@@ -32,23 +35,31 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # pylint: disable=wrong-import-position
-from t5like.config import Config, apply_overrides
+from t5like.config import Config
 from t5like.data import vocab
+from t5like.training import presets
 
 CHIP_TOKENS_PER_S = 459e12 * 0.55 / 1.1e9  # v5p bf16 peak x 55% MFU / FLOP per token (150M).
 CHIPS_PER_HOST = 4
 
-# (label, corpus, overrides): the paper presets' data settings.
+# (label, corpus, preset): rows read with the data settings of the paper preset (150M size).
 CASES = (
-    ("DecLLM causal 2048", "redpajama", ["model.family=decllm", "data.sequence_length=2048"]),
-    ("RedLLM prefix 1024+1024", "redpajama",
-     ["model.family=redllm", "data.inputs_length=1024", "data.targets_length=1024"]),
+    ("DecLLM causal 2048", "redpajama", lambda: presets.paper_pretraining("decllm", "150m")),
+    ("RedLLM prefix 1024+1024", "redpajama", lambda: presets.paper_pretraining("redllm", "150m")),
     ("DecLLM instruction 2048+512", "flan",
-     ["model.family=decllm", "data.inputs_length=2048", "data.targets_length=512",
-      "data.sequence_length=2560"]),
+     lambda: presets.paper_instruction_tuning("decllm", "150m")),
     ("RedLLM instruction 2048+512", "flan",
-     ["model.family=redllm", "data.inputs_length=2048", "data.targets_length=512"]),
+     lambda: presets.paper_instruction_tuning("redllm", "150m")),
 )
+
+
+def _rss_gib() -> float:
+  """Resident memory of this process now (Linux), in GiB."""
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+  except OSError:
+    return float("nan")
 
 
 def _cpu() -> float:
@@ -89,10 +100,12 @@ def measure(cfg: Config, batch_size: int, warmup: int, batches: int) -> dict[str
     again.restore(tmp)
     got = next(again)
     resume = time.perf_counter() - start
+    rss = _rss_gib()
     again.close()
   assert all((expected[k] == got[k]).all() for k in expected), "resume gave other batches"
   return {"packed tok/s": packed / secs, "tok/CPU-s": packed / max(cpu_secs, 1e-9),
-          "fill": packed / max(cells, 1), "cold start s": cold, "resume s": resume}
+          "fill": packed / max(cells, 1), "cold start s": cold, "resume s": resume,
+          "RSS GiB": rss}
 
 
 def _prepare(corpus_dir: str, args) -> None:
@@ -125,6 +138,8 @@ def main(argv=None) -> None:
   parser.add_argument("--batches", type=int, default=50)
   parser.add_argument("--only", default="", help="run the rows whose label contains this text")
   parser.add_argument("--json", default="", help="also write the rows to this JSON file")
+  parser.add_argument("--flan_grouping", default="", choices=("", "task", "submixture"),
+                      help="FLAN pipelines ('' = the preset's: one per sub-mixture)")
   args = parser.parse_args(argv)
   args.sources = [s for s in args.sources.split(",") if s]
   if not args.embedded:
@@ -132,26 +147,26 @@ def main(argv=None) -> None:
 
   rows = []
   for source in args.sources:
-    for label, corpus, overrides in CASES:
+    for label, corpus, preset in CASES:
       if args.only and args.only not in label:
         continue
-      cfg = Config()
+      cfg = preset()
+      d = cfg.data
       if args.embedded:
-        data = [f"data.mixture=embedded_{corpus}"]
+        d.mixture, d.data_dir = f"embedded_{corpus}", ""
       else:
-        data = [f"data.mixture={'redpajama_v1' if corpus == 'redpajama' else 'flan'}",
-                f"data.data_dir={os.path.join(args.corpus_dir, corpus)}",
-                f"data.vocab_path={vocab.EMBEDDED_VOCAB}",
-                f"data.tfds_data_dir={os.path.join(args.corpus_dir, 'tfds')}"]
-      apply_overrides(cfg, overrides + data + [f"data.source={source}",
-                                               f"model.vocab_size={vocab.EMBEDDED_VOCAB_SIZE}"])
-      cfg.data.objective = "inputs_targets" if corpus == "flan" else "auto"
+        d.data_dir = os.path.join(args.corpus_dir, corpus)
+        d.tfds_data_dir = os.path.join(args.corpus_dir, "tfds")
+      d.vocab_path, cfg.model.vocab_size = str(vocab.EMBEDDED_VOCAB), vocab.EMBEDDED_VOCAB_SIZE
+      d.source = source
+      if args.flan_grouping:
+        d.flan_grouping = args.flan_grouping
       rows.append((f"{label}, {source}", measure(cfg.validate(), args.batch_size, args.warmup,
                                                  args.batches)))
       # Each row as soon as it is measured: a run stopped later (memory, time) keeps it.
       print(f"  {rows[-1][0]}: {json.dumps(rows[-1][1])}", file=sys.stderr, flush=True)
 
-  cols = ("packed tok/s", "tok/CPU-s", "fill", "cold start s", "resume s")
+  cols = ("packed tok/s", "tok/CPU-s", "fill", "cold start s", "resume s", "RSS GiB")
   width = max([len(label) for label, _ in rows] + [10])
   print(f"\nbatch {args.batch_size}, {args.batches} batches after {args.warmup} warm-up, "
         f"{len(os.sched_getaffinity(0))} CPUs, corpus "

@@ -82,7 +82,8 @@ def _check_tfds_shared(cfg, name: str, process_count: int | None = None) -> None
     raise ConfigError(f"data.source='tfds' on {process_count} hosts needs a shared "
                       f"data.tfds_data_dir (the default is a per-machine cache); {fix}")
   if corpus == "flan":
-    infos = [os.path.join(data.tfds_data_dir, tfds_builder.FLAN_NAME, tfds_builder.VERSION)]
+    infos = [os.path.join(data.tfds_data_dir, tfds_builder.FLAN_NAME, p, tfds_builder.VERSION)
+             for p in tfds_builder.FLAN_PART_NAMES]
   else:
     subsets = [s for s in sources.REDPAJAMA_SUBSETS if data.mixture_rates.get(s, 1) != 0]
     infos = [os.path.join(data.tfds_data_dir, tfds_builder.REDPAJAMA_NAME, s,

@@ -274,12 +274,13 @@ def _register_flan(spec: CorpusSpec) -> tuple[list[str], list[str]]:
   if spec.source == "tfds":
     from t5like.data import tfds_builder  # pylint: disable=g-import-not-at-top
 
-    builder = tfds_builder.prepare_flan(spec.root, _tfds_dir(spec), policy=spec.bad_records)
-    for row in tfds_builder.flan_task_table(builder):
-      src = _tfds_source(f"{tfds_builder.FLAN_NAME}:{tfds_builder.VERSION}", spec, row["splits"])
+    builders = tfds_builder.prepare_flan(spec.root, _tfds_dir(spec), policy=spec.bad_records)
+    for row in tfds_builder.flan_task_table(builders):  # Each task reads its part's dataset.
+      src = _tfds_source(row["tfds_name"], spec, row["splits"])
       count = functools.partial(lambda n: n, row["sizes"].get("train", 0))
+      metadata = builders[row["part"]].info.metadata
       rows.append((row["submixture"], row["task"], src, count,
-                   functools.partial(_conversion_stats, builder.info.metadata, row["splits"])))
+                   functools.partial(_conversion_stats, metadata, row["splits"])))
   else:
     from t5like.data import counts  # pylint: disable=g-import-not-at-top
 

@@ -3,24 +3,31 @@
 * ``t5like_redpajama/<subset>`` (one builder config per RedPajama-V1 subset): feature ``text``;
   split ``train`` from ``manual_dir/<subset>/*.jsonl[.zst]``, split ``validation`` from
   ``validation_dir/<subset>/`` when given.
-* ``t5like_flan``: features ``inputs, targets, task_name, task_source, template_type``; one split
-  per task and split, named ``<task_key>-train`` / ``<task_key>-validation``; the task list (with
-  sub-mixtures and example counts) is kept in the dataset's metadata, so a converted corpus can be
-  read (e.g. from a bucket) without its jsonl files.
+* ``t5like_flan/part00`` .. ``part15`` (`FLAN_PARTS` builder configs): features ``inputs, targets,
+  task_name, task_source, template_type``. A task belongs to part ``crc32(task_key) % FLAN_PARTS``
+  (stable across machines, whatever the number of converting processes); each part holds one split
+  per task and split of its tasks, named ``<task_key>-train`` / ``<task_key>-validation``, and its
+  task rows (sub-mixtures, split names) in its metadata, so a converted corpus can be read (e.g.
+  from a bucket) without its jsonl files. `prepare_flan` converts parts in parallel (spawned
+  processes); every part is built, an empty one too, so a complete conversion has all of them.
 
 Records go through `sources.iter_records` (same checks and bad-record policy as the raw path);
-the counts of skipped records and a fingerprint of the source files land in ``metadata.json``.
+the counts of skipped records and a fingerprint of the source files (a FLAN part: its own files)
+land in ``metadata.json``.
 TFDS stores examples in a fixed order given by a hash of their keys (file, line); readers then
 shuffle files and examples with a seed.
 Once prepared, ``tfds.load(name, data_dir=...)`` and ``seqio.TfdsDataSource`` read the dataset.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
+import multiprocessing
 import os
 import re
-from typing import Any, Iterator, Sequence
+import zlib
+from typing import Any, Iterator, Mapping, Sequence
 
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -31,11 +38,18 @@ from t5like.data import sources
 VERSION = "1.0.0"
 REDPAJAMA_NAME = "t5like_redpajama"
 FLAN_NAME = "t5like_flan"
+FLAN_PARTS = 16  # Changing it re-partitions the tasks: existing conversions must be rebuilt.
+FLAN_PART_NAMES = tuple(f"part{i:02d}" for i in range(FLAN_PARTS))
 
 
 def task_key(task: str) -> str:
   """A TFDS-safe split prefix for a task name (``[A-Za-z0-9_]``)."""
   return re.sub(r"\W", "_", task)
+
+
+def flan_part(key: str) -> str:
+  """The ``t5like_flan`` config holding a task, from its `task_key` (stable across runs)."""
+  return FLAN_PART_NAMES[zlib.crc32(key.encode("utf-8")) % FLAN_PARTS]
 
 
 def fingerprint(files: Sequence[str], policy: str) -> str:
@@ -112,23 +126,30 @@ class T5likeRedpajama(_JsonlBuilder):
 
 
 class T5likeFlan(_JsonlBuilder):
-  """A FLAN-layout corpus: one split per task and split; task list in the metadata."""
+  """One part of a FLAN-layout corpus: one split per task and split; its task rows in metadata."""
 
   SCHEMA = sources.FLAN_SCHEMA
+  BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=p) for p in FLAN_PART_NAMES]
+
+  def __init__(self, *, tasks: Sequence[sources.FlanTaskFiles] | None = None,
+               **kwargs: Any) -> None:
+    self._tasks = tasks  # This part's tasks (listed from manual_dir when None).
+    super().__init__(**kwargs)
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     root = os.fspath(dl_manager.manual_dir)
-    tasks = sources.flan_tasks(root)
+    part = self.builder_config.name
+    tasks = self._tasks
+    if tasks is None:
+      tasks = _flan_parts(sources.flan_tasks(root), root).get(part, [])
     keys = [task_key(t.task) for t in tasks]
-    if len(set(keys)) != len(keys):
-      raise ValueError(f"FLAN task names under {root} collide after sanitising: {sorted(keys)}")
-    self.info.metadata["source"] = {"root": root}
-    self.info.metadata["fingerprint"] = fingerprint(
-        [p for t in tasks for _, p in t.splits], self._policy)
+    self.info.metadata["source"] = {"root": root, "part": part, "parts": FLAN_PARTS}
+    self.info.metadata["fingerprint"] = _flan_fingerprint(tasks, self._policy)
     self.info.metadata["tasks"] = [
         {"submixture": t.submixture, "task": t.task, "key": k,
          "splits": {split: f"{k}-{split}" for split, _ in t.splits}}
         for t, k in zip(tasks, keys)]
+    self.info.metadata["records"] = {}  # Stays empty for a part without tasks.
     gens = {}
     for t, k in zip(tasks, keys):
       for split, path in t.splits:
@@ -140,25 +161,51 @@ class T5likeFlan(_JsonlBuilder):
     yield from self._examples(split, files, extra={"task_name": task.encode("utf-8")})
 
 
+def _flan_parts(tasks: Sequence[sources.FlanTaskFiles], root: str
+                ) -> dict[str, list[sources.FlanTaskFiles]]:
+  """Tasks grouped by `flan_part`; refuses task names that collide after `task_key`."""
+  keys = [task_key(t.task) for t in tasks]
+  if len(set(keys)) != len(keys):
+    raise ValueError(f"FLAN task names under {root} collide after sanitising: {sorted(keys)}")
+  parts: dict[str, list[sources.FlanTaskFiles]] = {}
+  for t, k in zip(tasks, keys):
+    parts.setdefault(flan_part(k), []).append(t)
+  return parts
+
+
+def _flan_fingerprint(tasks: Sequence[sources.FlanTaskFiles], policy: str) -> str:
+  return fingerprint([p for t in tasks for _, p in t.splits], policy)
+
+
+def _is_built(builder: _JsonlBuilder, root: str, expected: str) -> bool:
+  """Whether ``builder`` is built; raises if it was built from other files than ``root``'s."""
+  if not tf.io.gfile.exists(os.path.join(builder.data_dir, "dataset_info.json")):
+    return False
+  found = builder.info.metadata.get("fingerprint")
+  if expected and found and found != expected:
+    raise ValueError(
+        f"{builder.data_dir} holds a TFDS conversion of other data (fingerprint {found}, "
+        f"source {builder.info.metadata.get('source')}) than {root} (fingerprint {expected}); "
+        "delete that directory or set data.tfds_data_dir elsewhere")
+  return True
+
+
+def _build(builder: _JsonlBuilder, root: str) -> _JsonlBuilder:
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+      manual_dir=root, compute_stats=tfds.download.ComputeStatsMode.SKIP,
+      download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
+  return builder
+
+
 def _prepare(builder: _JsonlBuilder, root: str, expected: str) -> _JsonlBuilder:
   """Builds ``builder`` from ``root`` unless already built from the same files."""
-  info_path = os.path.join(builder.data_dir, "dataset_info.json")
-  if tf.io.gfile.exists(info_path):
-    found = builder.info.metadata.get("fingerprint")
-    if expected and found and found != expected:
-      raise ValueError(
-          f"{builder.data_dir} holds a TFDS conversion of other data (fingerprint {found}, "
-          f"source {builder.info.metadata.get('source')}) than {root} (fingerprint {expected}); "
-          "delete that directory or set data.tfds_data_dir elsewhere")
+  if _is_built(builder, root, expected):
     return builder
   if not root:
     raise sources.LayoutError(
         f"no TFDS conversion at {builder.data_dir} and no jsonl corpus root to build it from; "
         "set data.data_dir to the corpus root")
-  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-      manual_dir=root, compute_stats=tfds.download.ComputeStatsMode.SKIP,
-      download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
-  return builder
+  return _build(builder, root)
 
 
 def prepare_redpajama(root: str, data_dir: str, *, subsets: Sequence[str] | None = None,
@@ -196,18 +243,59 @@ def prepare_redpajama(root: str, data_dir: str, *, subsets: Sequence[str] | None
   return out
 
 
-def prepare_flan(root: str, data_dir: str, *, policy: str = "skip") -> T5likeFlan:
-  """Converts (once) a FLAN-layout corpus into ``t5like_flan``; ``root=""`` opens a conversion."""
-  expected = ""
-  if root:
-    tasks = sources.flan_tasks(root)
-    expected = fingerprint([p for t in tasks for _, p in t.splits], policy)
-  return _prepare(T5likeFlan(data_dir=data_dir, policy=policy), root, expected)
+def _convert_flan_part(job: tuple[str, str, str, str, list[sources.FlanTaskFiles]]) -> str:
+  """Builds one part (runs in a spawned process: TensorFlow is not fork-safe)."""
+  root, data_dir, part, policy, tasks = job
+  _build(T5likeFlan(config=part, data_dir=data_dir, policy=policy, tasks=tasks), root)
+  return part
 
 
-def flan_task_table(builder: T5likeFlan) -> list[dict[str, Any]]:
-  """``[{"submixture", "task", "key", "splits": {split: tfds_split}, "sizes": {split: n}}]``."""
-  table = json.loads(json.dumps(builder.info.metadata["tasks"]))
-  for row in table:
-    row["sizes"] = {s: builder.info.splits[name].num_examples for s, name in row["splits"].items()}
-  return table
+def prepare_flan(root: str, data_dir: str, *, policy: str = "skip", processes: int = 1
+                 ) -> dict[str, T5likeFlan]:
+  """Converts (once) a FLAN-layout corpus into the parts of ``t5like_flan``; {part: builder}.
+
+  Parts not yet built are built, those with tasks in up to ``processes`` spawned processes; a part
+  built from other files raises before anything is built. ``root=""`` opens a complete conversion.
+  """
+  flan_dir = os.path.join(data_dir, FLAN_NAME)
+  if not root:
+    missing = [p for p in FLAN_PART_NAMES if not tf.io.gfile.exists(
+        os.path.join(flan_dir, p, VERSION, "dataset_info.json"))]
+    if len(missing) == FLAN_PARTS:
+      raise sources.LayoutError(
+          f"no TFDS conversion of a FLAN corpus at {flan_dir} and no jsonl corpus root to build "
+          "it from; set data.data_dir to the corpus root")
+    if missing:
+      raise sources.LayoutError(
+          f"the FLAN conversion at {flan_dir} lacks parts {', '.join(missing)} (an interrupted "
+          "conversion?); convert again from the corpus root")
+    return {p: T5likeFlan(config=p, data_dir=data_dir) for p in FLAN_PART_NAMES}
+  by_part = _flan_parts(sources.flan_tasks(root), root)
+  todo = [p for p in FLAN_PART_NAMES if not _is_built(
+      T5likeFlan(config=p, data_dir=data_dir, policy=policy), root,
+      _flan_fingerprint(by_part.get(p, []), policy))]
+  jobs = [(root, data_dir, p, policy, by_part.get(p, [])) for p in todo]
+  spawned = [j for j in jobs if j[4]] if processes > 1 else []
+  if len(spawned) > 1:  # Each process imports TensorFlow (seconds): worth it for 2+ parts.
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(processes, len(spawned)),
+                                                mp_context=ctx) as pool:
+      list(pool.map(_convert_flan_part, spawned))
+  for job in jobs:  # The rest here: all with one process, else the quick empty parts.
+    if len(spawned) < 2 or not job[4]:
+      _convert_flan_part(job)
+  return {p: T5likeFlan(config=p, data_dir=data_dir, policy=policy) for p in FLAN_PART_NAMES}
+
+
+def flan_task_table(builders: Mapping[str, T5likeFlan]) -> list[dict[str, Any]]:
+  """Rows of every part, sorted as `sources.flan_tasks`: ``{"submixture", "task", "key", "part",
+  "tfds_name" (the part's dataset), "splits": {split: tfds_split}, "sizes": {split: n}}``."""
+  table = []
+  for part, builder in builders.items():
+    for row in json.loads(json.dumps(builder.info.metadata["tasks"])):
+      row["part"] = part
+      row["tfds_name"] = f"{FLAN_NAME}/{part}:{VERSION}"
+      row["sizes"] = {s: builder.info.splits[name].num_examples
+                      for s, name in row["splits"].items()}
+      table.append(row)
+  return sorted(table, key=lambda row: (row["submixture"], row["task"]))

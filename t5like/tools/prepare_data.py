@@ -8,9 +8,11 @@ r"""Prepares a corpus once for every host: mixing counts and (optionally) the TF
   ``<data_dir>/.t5like_counts.json`` (`t5like.data.counts`), so no host parses every task file at
   start-up. They are recomputed only for files whose size or modification time changed.
 * ``--tfds_data_dir``: converts the corpus into TFDS datasets there (a bucket for multi-host
-  runs; then train with ``data.source=tfds`` and the same ``data.tfds_data_dir``). RedPajama
-  subsets convert in parallel, one process per subset (``--processes``); FLAN is one dataset (one
-  process). A conversion already built from the same files is kept.
+  runs; then train with ``data.source=tfds`` and the same ``data.tfds_data_dir``). Both convert
+  in parallel (``--processes``): RedPajama one process per subset; FLAN's tasks are hashed into
+  `tfds_builder.FLAN_PARTS` fixed parts (one dataset config each), each process converting one
+  part at a time. A conversion already built from the same files is kept; only missing parts are
+  built.
 """
 from __future__ import annotations
 
@@ -72,8 +74,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
       if args.tfds_data_dir:
         from t5like.data import tfds_builder  # pylint: disable=g-import-not-at-top
         t = time.time()
-        tfds_builder.prepare_flan(args.data_dir, args.tfds_data_dir, policy=args.bad_records)
-        report["tfds"] = {"seconds": round(time.time() - t, 1), "dir": args.tfds_data_dir}
+        builders = tfds_builder.prepare_flan(args.data_dir, args.tfds_data_dir,
+                                             policy=args.bad_records, processes=args.processes)
+        report["tfds"] = {"seconds": round(time.time() - t, 1), "dir": args.tfds_data_dir,
+                          "tasks": len(tfds_builder.flan_task_table(builders))}
     elif args.tfds_data_dir:
       report["tfds"] = convert_redpajama(args.data_dir, args.tfds_data_dir,
                                          processes=args.processes,

@@ -1,13 +1,17 @@
 """TFDS conversion: records round-trip, bad-record counts kept, stale conversions refused."""
 import collections
 import json
+import os
+import re
+import shutil
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 from data_helpers import FLAN_SIZES, write_jsonl
-from t5like.data import pipeline, sources, tfds_builder
+from t5like.config import ConfigError
+from t5like.data import checks, pipeline, sources, tfds_builder
 
 tfds.disable_progress_bar()
 
@@ -43,12 +47,71 @@ def test_flan_conversion_round_trips_every_task_split(converted, flan_root):
     assert row["sizes"] == {"train": FLAN_SIZES[(task_files.submixture, task_files.task)],
                             "validation": 4}
     for split, path in task_files.splits:
-      ds = tfds.load(f"t5like_flan:1.0.0", split=row["splits"][split], data_dir=converted)
+      ds = tfds.load(row["tfds_name"], split=row["splits"][split], data_dir=converted)
       got = sorted(json.dumps({k: v.decode() for k, v in ex.items()}, sort_keys=True)
                    for ex in tfds.as_numpy(ds))
       want = sorted(json.dumps({k: v.decode() for k, v in r.items()}, sort_keys=True)
                     for _, r in sources.iter_records(path, sources.FLAN_SCHEMA))
       assert got == want
+
+
+def _flan_examples(data_dir, row, split):
+  ds = tfds.load(row["tfds_name"], split=row["splits"][split], data_dir=data_dir)
+  return sorted(json.dumps({k: v.decode() for k, v in ex.items()}, sort_keys=True)
+                for ex in tfds.as_numpy(ds))
+
+
+def test_flan_parts_converted_in_two_processes_match_one_process(converted, flan_root, tmp_path):
+  data_dir = str(tmp_path / "tfds")
+  builders = tfds_builder.prepare_flan(flan_root, data_dir, processes=2)  # Spawns 2 processes.
+  assert list(builders) == list(tfds_builder.FLAN_PART_NAMES)
+  one = tfds_builder.flan_task_table(tfds_builder.prepare_flan("", converted))
+  two = tfds_builder.flan_task_table(builders)
+  assert one == two and [(r["submixture"], r["task"]) for r in two] == sorted(FLAN_SIZES)
+  assert len({row["part"] for row in two}) > 1  # The tasks are spread over several parts.
+  for row in two:
+    assert row["part"] == tfds_builder.flan_part(row["key"])
+    assert row["tfds_name"] == f"t5like_flan/{row['part']}:1.0.0"
+    assert builders[row["part"]].info.metadata["records"][row["splits"]["train"]]["ok"] == (
+        FLAN_SIZES[(row["submixture"], row["task"])])
+    for split in row["splits"]:
+      got = _flan_examples(data_dir, row, split)
+      assert got == _flan_examples(converted, row, split) and len(got) == row["sizes"][split]
+  empty = sorted(set(tfds_builder.FLAN_PART_NAMES) - {row["part"] for row in two})[0]
+  assert builders[empty].info.metadata["tasks"] == [] and not builders[empty].info.splits
+
+
+def test_flan_conversion_kept_missing_part_rebuilt_stale_part_refused(flan_root, tmp_path,
+                                                                     monkeypatch):
+  root, data_dir = str(tmp_path / "flan"), str(tmp_path / "tfds")
+  shutil.copytree(flan_root, root)
+  with pytest.raises(sources.LayoutError, match=re.escape(os.path.join(data_dir, "t5like_flan"))):
+    tfds_builder.prepare_flan("", data_dir)  # Nothing converted yet.
+  table = tfds_builder.flan_task_table(tfds_builder.prepare_flan(root, data_dir))
+  info = lambda p: os.path.join(data_dir, "t5like_flan", p, "1.0.0", "dataset_info.json")
+  mtimes = {p: os.stat(info(p)).st_mtime_ns for p in tfds_builder.FLAN_PART_NAMES}
+  built = []
+  prepare = tfds_builder.T5likeFlan.download_and_prepare
+  monkeypatch.setattr(tfds_builder.T5likeFlan, "download_and_prepare", lambda self, **kw: (
+      built.append(self.builder_config.name), prepare(self, **kw))[1])
+  assert tfds_builder.flan_task_table(tfds_builder.prepare_flan(root, data_dir,
+                                                                processes=2)) == table
+  assert not built and mtimes == {p: os.stat(info(p)).st_mtime_ns for p in mtimes}
+  # An interrupted conversion: reading refuses it, converting builds the missing part only.
+  part = table[0]["part"]
+  shutil.rmtree(os.path.dirname(info(part)))
+  with pytest.raises(sources.LayoutError, match=f"lacks parts {part} "):
+    tfds_builder.prepare_flan("", data_dir)
+  assert tfds_builder.flan_task_table(tfds_builder.prepare_flan(root, data_dir,
+                                                                processes=2)) == table
+  assert built == [part]
+  assert all(os.stat(info(p)).st_mtime_ns == t for p, t in mtimes.items() if p != part)
+  # Changed files of one task: its part's fingerprint differs, refused before building anything.
+  write_jsonl(tmp_path / "flan" / "sub_b" / "qa" / "train.jsonl",
+              [{"inputs": "new", "targets": "data", "task_name": "qa"}])
+  with pytest.raises(ValueError, match=r"t5like_flan/part\d\d/1\.0\.0 holds a TFDS conversion"):
+    tfds_builder.prepare_flan(root, data_dir)
+  assert built == [part]
 
 
 def test_bad_records_counted_at_conversion_and_stale_conversion_refused(tmp_path):
@@ -93,3 +156,27 @@ def test_pipeline_reads_the_conversion_like_the_jsonl(make_cfg, redpajama_root, 
   assert rows["jsonl"] == rows["tfds"] and sum(rows["tfds"].values()) == 5
   batch = next(pipeline.make_iterator(cfg, batch_size=2, shard_index=1, num_shards=2))
   assert np.all(batch["decoder_positions"][batch["decoder_segment_ids"] > 0] > 0)
+
+
+def test_pipeline_reads_the_flan_parts_like_the_jsonl(make_cfg, flan_root, converted):
+  rows = {}
+  for source in ("jsonl", "tfds"):
+    cfg = make_cfg(**{"data.mixture": "flan", "data.data_dir": flan_root, "data.source": source,
+                      "data.tfds_data_dir": converted, "data.inputs_length": 64,
+                      "model.family": "redllm"})
+    it = pipeline.make_iterator(cfg, split="validation", batch_size=4, repeat=False,
+                                shuffle=False)
+    segs = collections.Counter()
+    for b in it:
+      for r in range(4):
+        for s in set(b["decoder_segment_ids"][r].tolist()) - {0}:
+          segs[tuple(b["decoder_target_tokens"][r][b["decoder_segment_ids"][r] == s])] += 1
+    rows[source] = segs
+    wheres = {t["where"] for t in it.stats()["tasks"].values()}
+    assert wheres == {"tfds_conversion" if source == "tfds" else "read"}
+  assert rows["jsonl"] == rows["tfds"] and sum(rows["tfds"].values()) == 4 * len(FLAN_SIZES)
+  # Several hosts accept the conversion (all its parts are there) and refuse a missing one.
+  checks._check_tfds_shared(cfg, cfg.data.mixture, process_count=4)  # pylint: disable=W0212
+  cfg.data.tfds_data_dir = os.path.dirname(converted)
+  with pytest.raises(ConfigError, match=r"no TFDS conversion at .*t5like_flan/part00/1\.0\.0"):
+    checks._check_tfds_shared(cfg, cfg.data.mixture, process_count=4)  # pylint: disable=W0212

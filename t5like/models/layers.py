@@ -110,11 +110,23 @@ _cpu_lowp_matmul.defvjp(_lowp_fwd, _lowp_bwd)
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
-  """Inverted dropout; identity when ``rng`` is None (deterministic) or ``rate`` is 0."""
+  """Inverted dropout; identity when ``rng`` is None (deterministic) or ``rate`` is 0.
+
+  An element is kept with probability q = round(2^16 (1 - rate)) / 2^16 (the rate to 16 bits)
+  and scaled by 1/q, so the output's expectation is ``x``. The draw compares two random bytes
+  per element with the two bytes of q (high byte below, or equal and low byte below) instead of
+  ``jax.random.bernoulli`` (32 random bits, converted to f32 uniforms): XLA:TPU kept several
+  [batch, heads, q, kv] u32/f32 buffers of the latter alive per attention layer —
+  decllm_150m_flan on v5e-256 peaked at 13.3 GiB per chip with dropout 0.05 vs 1.9 GiB with this
+  draw (1.5 GiB without dropout), measured with ``train.py --compile_only``.
+  """
   if rng is None or rate == 0.0:
     return x
-  keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
-  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+  q = min(max(round(65536 * (1.0 - rate)), 1), 65535)  # Keep probability in units of 2^-16.
+  hi, lo = divmod(q, 256)
+  bytes_2x = jax.random.bits(rng, (2,) + x.shape, jnp.uint8)
+  keep = (bytes_2x[0] < hi) | ((bytes_2x[0] == hi) & (bytes_2x[1] < lo))
+  return jnp.where(keep, x * jnp.asarray(65536.0 / q, x.dtype), jnp.zeros_like(x))
 
 
 def fold(rng: jax.Array | None, *data: int | jax.Array) -> jax.Array | None:

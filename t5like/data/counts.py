@@ -66,7 +66,7 @@ def _write(path: str, data: dict) -> bool:
 
 
 def _count_one(path: str, schema: sources.RecordSchema) -> tuple[int, int]:
-  return sources.count_records([path], schema)
+  return count_records([path], schema)
 
 
 class CorpusCounts:
@@ -131,3 +131,55 @@ class CorpusCounts:
     except sources.LayoutError:
       found = []
     return list(dict.fromkeys(found + list(files)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting in this process (no cache file), cached per file version.
+
+_COUNT_CACHE: dict[tuple[str, int, int, sources.RecordSchema], tuple[int, int]] = {}
+
+
+def _file_key(path: str) -> tuple[str, int, int]:
+  st = tf.io.gfile.stat(path)
+  return path, int(st.length), int(st.mtime_nsec)
+
+
+def count_records(files: Sequence[str], schema: sources.RecordSchema) -> tuple[int, int]:
+  """``(good records, UTF-8 bytes of the first field)`` over ``files``; cached per file version."""
+  total_n = total_bytes = 0
+  for path in files:
+    key = _file_key(path) + (schema,)
+    if key not in _COUNT_CACHE:
+      n = nbytes = 0
+      for _, record in sources.iter_records(path, schema, policy="skip"):
+        n += 1
+        nbytes += len(record[schema.fields[0]])
+      _COUNT_CACHE[key] = (n, nbytes)
+    n, nbytes = _COUNT_CACHE[key]
+    total_n += n
+    total_bytes += nbytes
+  return total_n, total_bytes
+
+
+def estimate_tokens(files: Sequence[str], vocab_path: str = "",
+                    sample_bytes: int = 1 << 20) -> float:
+  """Token count of the ``text`` of ``files``: exact bytes times tokens/byte of a leading sample."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+  from t5like.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+
+  _, total_bytes = count_records(files, sources.TEXT_SCHEMA)
+  sp = spm.SentencePieceProcessor(model_proto=vocab_lib.load_model_proto(vocab_path))
+  texts, seen = [], 0
+  for path in files:
+    for _, record in sources.iter_records(path, sources.TEXT_SCHEMA, policy="skip"):
+      texts.append(record["text"].decode("utf-8"))
+      seen += len(record["text"])
+      if seen >= sample_bytes:
+        break
+    if seen >= sample_bytes:
+      break
+  if not seen:
+    return 0.0
+  tokens = sum(len(ids) for ids in sp.encode(texts))
+  return total_bytes * tokens / seen

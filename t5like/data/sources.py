@@ -30,7 +30,7 @@ import io
 import json
 import os
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 from etils import epy
@@ -393,55 +393,3 @@ def flan_tasks(root: str) -> list[FlanTaskFiles]:
     raise LayoutError(f"no task with train/validation shards under {root} (glob "
                       f"{root}/*/*/{{train,validation}}.jsonl*); {FLAN_LAYOUT}")
   return tasks
-
-
-# ---------------------------------------------------------------------------------------------
-# Counting (mixing rates), cached per file version.
-
-_COUNT_CACHE: dict[tuple[str, int, int, RecordSchema], tuple[int, int]] = {}
-
-
-def _file_key(path: str) -> tuple[str, int, int]:
-  st = tf.io.gfile.stat(path)
-  return path, int(st.length), int(st.mtime_nsec)
-
-
-def count_records(files: Sequence[str], schema: RecordSchema) -> tuple[int, int]:
-  """``(good records, UTF-8 bytes of the first field)`` over ``files``; cached per file version."""
-  total_n = total_bytes = 0
-  for path in files:
-    key = _file_key(path) + (schema,)
-    if key not in _COUNT_CACHE:
-      n = nbytes = 0
-      for _, record in iter_records(path, schema, policy="skip"):
-        n += 1
-        nbytes += len(record[schema.fields[0]])
-      _COUNT_CACHE[key] = (n, nbytes)
-    n, nbytes = _COUNT_CACHE[key]
-    total_n += n
-    total_bytes += nbytes
-  return total_n, total_bytes
-
-
-def estimate_tokens(files: Sequence[str], vocab_path: str = "",
-                    sample_bytes: int = 1 << 20) -> float:
-  """Token count of the ``text`` of ``files``: exact bytes times tokens/byte of a leading sample."""
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-
-  from t5like.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
-
-  _, total_bytes = count_records(files, TEXT_SCHEMA)
-  sp = spm.SentencePieceProcessor(model_proto=vocab_lib.load_model_proto(vocab_path))
-  texts, seen = [], 0
-  for path in files:
-    for _, record in iter_records(path, TEXT_SCHEMA, policy="skip"):
-      texts.append(record["text"].decode("utf-8"))
-      seen += len(record["text"])
-      if seen >= sample_bytes:
-        break
-    if seen >= sample_bytes:
-      break
-  if not seen:
-    return 0.0
-  tokens = sum(len(ids) for ids in sp.encode(texts))
-  return total_bytes * tokens / seen

@@ -22,7 +22,7 @@ import os
 from typing import Any, Callable
 
 from t5like.config.data import EMBEDDED_CORPORA, ON_DISK_CORPORA, _corpus_of
-from t5like.data import sources
+from t5like.data import counts, sources
 
 EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded")
 EMBEDDED_ROOTS = {
@@ -153,7 +153,7 @@ def _register_redpajama(spec: CorpusSpec) -> tuple[list[str], list[str]]:
       if spec.rate_by_tokens:  # Token estimate from the jsonl files, else the TFRecord bytes.
         files = sources.redpajama_subsets(spec.root).get(subset) if spec.root else None
         rate_fns[subset] = (
-            functools.partial(lambda f, v, _: sources.estimate_tokens(f, v), files,
+            functools.partial(lambda f, v, _: counts.estimate_tokens(f, v), files,
                               spec.vocab_path) if files else
             functools.partial(lambda n, _: float(n), builder.info.splits["train"].num_bytes))
   else:
@@ -175,7 +175,7 @@ def _register_redpajama(spec: CorpusSpec) -> tuple[list[str], list[str]]:
       _TASK_STATS[name] = functools.partial(_live_stats, name)
       sources.reset_stats(name)
       rate_fns[subset] = functools.partial(
-          lambda files, vocab, _: sources.estimate_tokens(files, vocab),
+          lambda files, vocab, _: counts.estimate_tokens(files, vocab),
           present[subset], spec.vocab_path)
   overrides = _check_rate_keys(spec, list(sources.REDPAJAMA_SUBSETS))
   for task in tasks.values():
@@ -220,8 +220,6 @@ def _register_flan_grouped(spec: CorpusSpec) -> tuple[list[str], list[str]]:
   that a task above the cap repeats the same ``cap`` examples (its first) every epoch.
   """
   import seqio  # pylint: disable=g-import-not-at-top
-
-  from t5like.data import counts  # pylint: disable=g-import-not-at-top
 
   corpus_counts = counts.CorpusCounts(spec.root, sources.FLAN_SCHEMA)
   by_sub: dict[str, list[sources.FlanTaskFiles]] = {}
@@ -282,8 +280,6 @@ def _register_flan(spec: CorpusSpec) -> tuple[list[str], list[str]]:
       rows.append((row["submixture"], row["task"], src, count,
                    functools.partial(_conversion_stats, metadata, row["splits"])))
   else:
-    from t5like.data import counts  # pylint: disable=g-import-not-at-top
-
     corpus_counts = counts.CorpusCounts(spec.root, sources.FLAN_SCHEMA)
     for t in sources.flan_tasks(spec.root):
       split_files = {split: [path] for split, path in t.splits}

@@ -206,7 +206,7 @@ def test_mixing_counts_are_cached_next_to_the_data_and_invalidated(flan_root, tm
   qa = root / "sub_b" / "qa" / "train.jsonl"
   with open(qa, "a") as f:
     f.write(json.dumps({"inputs": "new", "targets": "record"}) + "\n")
-  sources._COUNT_CACHE.clear()  # pylint: disable=protected-access
+  counts._COUNT_CACHE.clear()  # pylint: disable=protected-access
   third = counts.CorpusCounts(str(root), sources.FLAN_SCHEMA)
   assert third.count([str(qa)])[0] == 11 and third.counted == 1  # Only the changed file.
 

@@ -69,10 +69,10 @@ class DataConfig:
   #   subset / sub-mixture / task name, e.g. {"common_crawl": 2.0, "book": 0}; 0 drops that part.
   #   Defaults: RedPajama subsets by token count (docs/paper.md §3), FLAN tasks by capped example count.
   flan_example_cap: int = 30_000  # Examples-proportional mixing cap per FLAN task (T5/FLAN style).
-  flan_grouping: str = "task"  # FLAN pipelines (jsonl source): "task" = one per task (exact seqio
-  #   mixing, any per-task rate; start-up costs ~1 s per task), "submixture" = one per
-  #   sub-mixture interleaving its task files, each capped at flan_example_cap per epoch (same
-  #   expected proportions; seconds to start with thousands of tasks; task rates only 0).
+  flan_grouping: str = "task"  # FLAN pipelines: "task" = one per task (exact seqio mixing, any
+  #   per-task rate; start-up ~0.5 s and ~15 MB per task), "submixture" = one per sub-mixture
+  #   (jsonl; tfds: per sub-mixture and conversion part), each task capped at flan_example_cap
+  #   per epoch (same expected proportions; seconds to start with thousands; task rates only 0).
   shuffle_buffer_size: int = 1000  # Per-task example shuffle buffer (after preprocessing).
   bad_records: str = "skip"  # Invalid JSON / missing field / empty text / invalid UTF-8 records:
   #   "skip" (count them, see DataIterator.stats()) or "error" (fail naming the file and line).

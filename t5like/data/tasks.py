@@ -12,17 +12,19 @@ FLAN mixtures are examples-proportional with a per-task cap (``data.flan_example
 A pretraining corpus is registered once per objective variant, as ``<name>:lm``,
 ``<name>:prefix_middle`` or ``<name>:prefix_random`` (the seqio names); FLAN names are the seqio
 names. Registration is lazy (first `resolve`), idempotent, and redone when the settings change.
+FLAN registration lives in `flan_tasks.py`; what both share in `task_common.py`.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
 import os
-from typing import Any, Callable
+from typing import Any
 
 from t5like.config.data import EMBEDDED_CORPORA, ON_DISK_CORPORA, _corpus_of
 from t5like.data import counts, sources
+from t5like.data import task_common as tc
+from t5like.data.flan_tasks import register_flan
+from t5like.data.task_common import CorpusSpec, default_tfds_dir, seqio_name  # noqa: F401 (API)
 
 EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded")
 EMBEDDED_ROOTS = {
@@ -32,106 +34,8 @@ EMBEDDED_ROOTS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class CorpusSpec:
-  """Everything a registration depends on; a different spec re-registers the names."""
-
-  kind: str  # "redpajama" (text) or "flan" (inputs/targets).
-  name: str  # Corpus name, e.g. "embedded_redpajama" or "flan".
-  root: str  # Corpus root in jsonl layout ("" = read an existing TFDS conversion only).
-  validation_root: str = ""  # RedPajama held-out root ("" = no validation split).
-  variant: str = "lm"  # Objective variant: "lm", "prefix_middle", "prefix_random" or "it".
-  rates: tuple[tuple[str, float], ...] = ()  # Rate overrides (name, rate).
-  rate_by_tokens: bool = False  # RedPajama: rates ∝ measured token counts instead of docs/paper.md §3.
-  cap: int = 30_000  # FLAN examples-proportional cap.
-  source: str = "jsonl"  # "jsonl" or "tfds".
-  tfds_data_dir: str = ""  # TFDS conversion directory ("" = a cache directory per corpus).
-  vocab_path: str = ""  # SentencePiece model ("" = embedded).
-  shuffle_buffer_size: int = 1000  # Per-task example shuffle buffer.
-  bad_records: str = "skip"  # "skip" or "error".
-  chunking: str = "document"  # Pretraining chunking: "stream" or "document" (objectives.py).
-  flan_grouping: str = "task"  # FLAN: one seqio task per "task" or per "submixture" (jsonl).
-  holdout: float = 0.0  # Validation hold-out fraction for parts without validation files.
-
-
 # (corpus name, variant) -> (spec, seqio task names, seqio mixture names).
 _REGISTERED: dict[tuple[str, str], tuple[CorpusSpec, list[str], list[str]]] = {}
-# seqio task name -> callable(split) returning its good/bad record counts.
-_TASK_STATS: dict[str, Callable[[str], dict[str, Any]]] = {}
-
-
-def seqio_name(name: str, variant: str) -> str:
-  """The registered seqio name of a user-facing name under an objective variant."""
-  return name if variant == "it" else f"{name}:{variant}"
-
-
-def default_tfds_dir(name: str, root: str) -> str:
-  cache = os.environ.get("T5LIKE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "t5like"))
-  from t5like import paths  # pylint: disable=g-import-not-at-top
-  digest = hashlib.sha256(paths.resolve(root).encode()).hexdigest()[:8] if root else "noroot"
-  return os.path.join(cache, "tfds", f"{name}-{digest}")
-
-
-def _vocabulary(path: str):
-  from t5like.data import vocab  # pylint: disable=g-import-not-at-top
-
-  return _cached_vocabulary(str(vocab.resolve_vocab_path(path)))
-
-
-@functools.lru_cache(maxsize=8)
-def _cached_vocabulary(path: str):
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  return seqio.SentencePieceVocabulary(path)
-
-
-def _check_rate_keys(spec: CorpusSpec, valid: list[str]) -> dict[str, float]:
-  rates = dict(spec.rates)
-  unknown = sorted(set(rates) - set(valid))
-  if unknown:
-    raise ValueError(f"data.mixture_rates has names {unknown} that are not parts of {spec.name}; "
-                     f"valid names: {', '.join(sorted(valid))}")
-  return rates
-
-
-def _make_task(name: str, source, spec: CorpusSpec):
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  from t5like.data import objectives  # pylint: disable=g-import-not-at-top
-  from t5like.data import validation  # pylint: disable=g-import-not-at-top
-
-  source = validation.with_holdout(source, spec.holdout,
-                                   "inputs" if spec.kind == "flan" else "text")
-  vocabulary = _vocabulary(spec.vocab_path)
-  if spec.kind == "flan":
-    features = objectives.output_features(vocabulary, ("inputs", "targets"), add_eos=True)
-    preps = objectives.instruction_preprocessors()
-  else:
-    keys = ("targets",) if spec.variant == "lm" else ("inputs", "targets")
-    features = objectives.output_features(vocabulary, keys, add_eos=False)
-    preps = objectives.pretraining_preprocessors(spec.variant, spec.chunking)
-  return seqio.Task(name, source=source, output_features=features, preprocessors=preps,
-                    shuffle_buffer_size=spec.shuffle_buffer_size)
-
-
-def _jsonl_source(split_files: dict[str, list[str]], schema, spec: CorpusSpec, label: str):
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  reader = functools.partial(sources.jsonl_dataset, schema=schema, policy=spec.bad_records,
-                             label=label)
-  return seqio.FileDataSource(read_file_fn=reader, split_to_filepattern=split_files,
-                              caching_permitted=False)
-
-
-def _tfds_source(tfds_name: str, spec: CorpusSpec, splits: dict[str, str]):
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  return seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=_tfds_dir(spec), splits=splits,
-                              caching_permitted=False, read_only=True)
-
-
-def _tfds_dir(spec: CorpusSpec) -> str:
-  return spec.tfds_data_dir or default_tfds_dir(spec.name, spec.root)
 
 
 def _register_redpajama(spec: CorpusSpec) -> tuple[list[str], list[str]]:
@@ -142,14 +46,14 @@ def _register_redpajama(spec: CorpusSpec) -> tuple[list[str], list[str]]:
     from t5like.data import tfds_builder  # pylint: disable=g-import-not-at-top
 
     builders = tfds_builder.prepare_redpajama(
-        spec.root, _tfds_dir(spec), validation_dir=spec.validation_root, policy=spec.bad_records,
+        spec.root, tc.tfds_dir(spec), validation_dir=spec.validation_root, policy=spec.bad_records,
         subsets=_wanted_subsets(spec))
     for subset, builder in builders.items():
       name = seqio_name(f"{spec.name}.{subset}", spec.variant)
       splits = {s: s for s in builder.info.splits}
-      tasks[subset] = _make_task(name, _tfds_source(
+      tasks[subset] = tc.make_task(name, tc.tfds_source(
           f"{tfds_builder.REDPAJAMA_NAME}/{subset}:{tfds_builder.VERSION}", spec, splits), spec)
-      _TASK_STATS[name] = functools.partial(_conversion_stats, builder.info.metadata, None)
+      tc.TASK_STATS[name] = functools.partial(tc.conversion_stats, builder.info.metadata, None)
       if spec.rate_by_tokens:  # Token estimate from the jsonl files, else the TFRecord bytes.
         files = sources.redpajama_subsets(spec.root).get(subset) if spec.root else None
         rate_fns[subset] = (
@@ -170,14 +74,14 @@ def _register_redpajama(spec: CorpusSpec) -> tuple[list[str], list[str]]:
         split_files["validation"] = sources.list_shards(
             os.path.join(spec.validation_root, subset), sources.REDPAJAMA_LAYOUT)
       name = seqio_name(f"{spec.name}.{subset}", spec.variant)
-      tasks[subset] = _make_task(
-          name, _jsonl_source(split_files, sources.TEXT_SCHEMA, spec, label=name), spec)
-      _TASK_STATS[name] = functools.partial(_live_stats, name)
+      tasks[subset] = tc.make_task(
+          name, tc.jsonl_source(split_files, sources.TEXT_SCHEMA, spec, label=name), spec)
+      tc.TASK_STATS[name] = functools.partial(tc.live_stats, name)
       sources.reset_stats(name)
       rate_fns[subset] = functools.partial(
           lambda files, vocab, _: counts.estimate_tokens(files, vocab),
           present[subset], spec.vocab_path)
-  overrides = _check_rate_keys(spec, list(sources.REDPAJAMA_SUBSETS))
+  overrides = tc.check_rate_keys(spec, list(sources.REDPAJAMA_SUBSETS))
   for task in tasks.values():
     seqio.TaskRegistry.add_provider(task.name, task)
   entries = []
@@ -205,162 +109,6 @@ def _wanted_subsets(spec: CorpusSpec, present: list[str] | None = None) -> list[
   return [s for s in sources.REDPAJAMA_SUBSETS if rates.get(s, 1) != 0]
 
 
-def _capped_reader(filename, *, cap: int, **kwargs):
-  # Stop reading (and close the file) at the cap: an open stream per big task would pile up.
-  return sources.jsonl_dataset(filename, max_lines=cap, **kwargs).take(cap)
-
-
-def _register_flan_grouped(spec: CorpusSpec) -> tuple[list[str], list[str]]:
-  """One seqio task per sub-mixture reading all its task files (``flan_grouping="submixture"``).
-
-  A pipeline per task costs ~1 s of tf.data tracing each at start-up (30 min for FLAN's ~1.8k
-  tasks); here a sub-mixture's files are interleaved 32 at a time, one record each in turn, and
-  each file gives at most ``cap`` records per epoch, so over an epoch every task contributes
-  min(#examples, cap): examples-proportional mixing with a cap, as with one task each, except
-  that a task above the cap repeats the same ``cap`` examples (its first) every epoch.
-  """
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  corpus_counts = counts.CorpusCounts(spec.root, sources.FLAN_SCHEMA)
-  by_sub: dict[str, list[sources.FlanTaskFiles]] = {}
-  for t in sources.flan_tasks(spec.root):
-    by_sub.setdefault(t.submixture, []).append(t)
-  overrides = _check_rate_keys(spec, sorted(set(by_sub) | {t.task for ts in by_sub.values()
-                                                           for t in ts}))
-  bad = sorted(k for k, v in overrides.items() if k not in by_sub and v != 0)
-  if bad:
-    raise ValueError(f"data.mixture_rates gives tasks {bad} a rate other than 0; with "
-                     "data.flan_grouping='submixture' tasks can only be dropped (0); use "
-                     "data.flan_grouping='task' for per-task rates")
-  names, entries = [], []
-  for sub, ts in sorted(by_sub.items()):
-    keep = [t for t in ts if overrides.get(t.task) != 0]
-    split_files = {split: [p for t in keep for s, p in t.splits if s == split]
-                   for split in sources.FLAN_SPLITS}
-    split_files = {k: v for k, v in split_files.items() if v}
-    if "train" not in split_files:
-      continue
-    name = f"{spec.name}.{_clean(sub)}"
-    reader = functools.partial(_capped_reader, cap=spec.cap, schema=sources.FLAN_SCHEMA,
-                               policy=spec.bad_records, label=name)
-    src = seqio.FileDataSource(read_file_fn=reader, split_to_filepattern=split_files,
-                               caching_permitted=False, block_length=1,
-                               cycle_length=min(len(split_files["train"]), 32))
-    task = _make_task(name, src, spec)
-    seqio.TaskRegistry.add_provider(name, task)
-    _TASK_STATS[name] = functools.partial(_live_stats, name)
-    sources.reset_stats(name)
-    names.append(name)
-    if overrides.get(sub) != 0:
-      rate = overrides.get(sub)
-      own = _memo(functools.partial(float, rate) if rate is not None else functools.partial(
-          lambda fs: float(sum(min(corpus_counts.count([f])[0], spec.cap) for f in fs)),
-          split_files["train"]))
-      entries.append((task, _rate_fn(own)))
-  if not entries:
-    raise ValueError(f"every sub-mixture of {spec.name} has rate 0 in data.mixture_rates")
-  seqio.MixtureRegistry.add_provider(spec.name, seqio.Mixture(spec.name, entries))
-  return names, [spec.name]
-
-
-def _register_flan(spec: CorpusSpec) -> tuple[list[str], list[str]]:
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  if spec.flan_grouping == "submixture" and spec.source == "jsonl":
-    return _register_flan_grouped(spec)
-  rows = []  # (submixture, task, seqio source, train-count fn, stats fn)
-  if spec.source == "tfds":
-    from t5like.data import tfds_builder  # pylint: disable=g-import-not-at-top
-
-    builders = tfds_builder.prepare_flan(spec.root, _tfds_dir(spec), policy=spec.bad_records)
-    for row in tfds_builder.flan_task_table(builders):  # Each task reads its part's dataset.
-      src = _tfds_source(row["tfds_name"], spec, row["splits"])
-      count = functools.partial(lambda n: n, row["sizes"].get("train", 0))
-      metadata = builders[row["part"]].info.metadata
-      rows.append((row["submixture"], row["task"], src, count,
-                   functools.partial(_conversion_stats, metadata, row["splits"])))
-  else:
-    corpus_counts = counts.CorpusCounts(spec.root, sources.FLAN_SCHEMA)
-    for t in sources.flan_tasks(spec.root):
-      split_files = {split: [path] for split, path in t.splits}
-      label = f"{spec.name}.{_clean(t.submixture)}.{_clean(t.task)}"
-      src = _jsonl_source(split_files, sources.FLAN_SCHEMA, spec, label=label)
-      count = functools.partial(lambda f: corpus_counts.count(f)[0],
-                                split_files.get("train", []))
-      rows.append((t.submixture, t.task, src, count, functools.partial(_live_stats, label)))
-      sources.reset_stats(label)
-  overrides = _check_rate_keys(spec, sorted({r[0] for r in rows} | {r[1] for r in rows}))
-  task_names, by_sub = [], {}
-  for sub, task_dir, src, count, stats in rows:
-    name = f"{spec.name}.{_clean(sub)}.{_clean(task_dir)}"
-    task = _make_task(name, src, spec)
-    seqio.TaskRegistry.add_provider(name, task)
-    task_names.append(name)
-    _TASK_STATS[name] = stats
-    rate = overrides.get(task_dir)
-    if rate != 0:
-      own = _memo(functools.partial(_capped, count, spec.cap) if rate is None
-                  else functools.partial(float, rate))
-      by_sub.setdefault(sub, []).append((task, own))
-  mixtures, entries = [], []
-  for sub, members in by_sub.items():
-    name = f"{spec.name}.{_clean(sub)}"
-    seqio.MixtureRegistry.add_provider(
-        name, seqio.Mixture(name, [(t, _rate_fn(own)) for t, own in members]))
-    mixtures.append(name)
-    if overrides.get(sub) == 0:
-      continue
-    for task, own in members:
-      if sub in overrides:  # The sub-mixture's total is fixed; its tasks share it as above.
-        entries.append((task, functools.partial(_share, own, [o for _, o in members],
-                                                overrides[sub])))
-      else:
-        entries.append((task, _rate_fn(own)))
-  if not entries:
-    raise ValueError(f"every task of {spec.name} has rate 0 in data.mixture_rates")
-  seqio.MixtureRegistry.add_provider(spec.name, seqio.Mixture(spec.name, entries))
-  return task_names, mixtures + [spec.name]
-
-
-def _live_stats(label: str, split: str) -> dict[str, Any]:
-  del split  # One label per task: counts cover every split this process read.
-  return {"where": "read", **sources.stats_for(label).as_dict()}
-
-
-def _conversion_stats(metadata: dict[str, Any], split_map: dict[str, str] | None,
-                      split: str) -> dict[str, Any]:
-  tfds_split = split_map.get(split, split) if split_map else split
-  return {"where": "tfds_conversion", **metadata.get("records", {}).get(tfds_split, {})}
-
-
-def _capped(count: Callable[[], int], cap: int) -> float:
-  """Examples-proportional rate with a cap (T5/FLAN): min(#train examples, cap)."""
-  return float(min(count(), cap))
-
-
-def _rate_fn(own: Callable[[], float]) -> Callable[[Any], float]:
-  return lambda _task: own()
-
-
-def _share(own: Callable[[], float], group: list[Callable[[], float]], total: float,
-           _task: Any = None) -> float:
-  return total * own() / max(sum(g() for g in group), 1e-12)
-
-
-def _clean(name: str) -> str:
-  return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
-
-
-def _memo(fn: Callable[[], float]) -> Callable[[], float]:
-  cache: list[float] = []
-
-  def wrapped() -> float:
-    if not cache:
-      cache.append(fn())
-    return cache[0]
-  return wrapped
-
-
 def register(spec: CorpusSpec) -> str:
   """Registers ``spec`` (idempotent; re-registers if its settings changed); returns its name."""
   import seqio  # pylint: disable=g-import-not-at-top
@@ -374,9 +122,9 @@ def register(spec: CorpusSpec) -> str:
       seqio.MixtureRegistry.remove(name)
     for name in old_tasks:
       seqio.TaskRegistry.remove(name)
-      _TASK_STATS.pop(name, None)
+      tc.TASK_STATS.pop(name, None)
     del _REGISTERED[key]
-  register_fn = _register_flan if spec.kind == "flan" else _register_redpajama
+  register_fn = register_flan if spec.kind == "flan" else _register_redpajama
   before = (set(seqio.TaskRegistry.names()), set(seqio.MixtureRegistry.names()))
   try:
     task_names, mixture_names = register_fn(spec)
@@ -441,9 +189,9 @@ def register_extra_eval(cfg, name: str, directory: str, variant: str) -> str:
       seqio.TaskRegistry.remove(task_name)
     del _REGISTERED[key]
   files = sources.list_shards(directory, layout)
-  source = _jsonl_source({"validation": files}, sources.TEXT_SCHEMA, spec, label=task_name)
-  seqio.TaskRegistry.add_provider(task_name, _make_task(task_name, source, spec))
-  _TASK_STATS[task_name] = functools.partial(_live_stats, task_name)
+  source = tc.jsonl_source({"validation": files}, sources.TEXT_SCHEMA, spec, label=task_name)
+  seqio.TaskRegistry.add_provider(task_name, tc.make_task(task_name, source, spec))
+  tc.TASK_STATS[task_name] = functools.partial(tc.live_stats, task_name)
   sources.reset_stats(task_name)
   _REGISTERED[key] = (spec, [task_name], [])
   return task_name
@@ -451,7 +199,7 @@ def register_extra_eval(cfg, name: str, directory: str, variant: str) -> str:
 
 def task_stats(seqio_task: str, split: str = "train") -> dict[str, Any]:
   """Good/bad record counts of a task: read by this process (jsonl) or kept at TFDS conversion."""
-  fn = _TASK_STATS.get(seqio_task)
+  fn = tc.TASK_STATS.get(seqio_task)
   return fn(split) if fn else {}
 
 

@@ -261,3 +261,41 @@ def test_flan_grouped_by_submixture_keeps_capped_examples_proportional_mixing(ma
                     "data.mixture_rates": json.dumps({"define": 3})})
   with pytest.raises(ValueError, match="flan_grouping='task' for per-task rates"):
     pipeline.resolve_mixture(bad)
+
+
+def test_flan_tfds_grouped_by_submixture_and_part_caps_each_task(make_cfg, flan_root, tmp_path):
+  """data.source=tfds with submixture grouping: one pipeline per (sub-mixture, conversion part)
+  instead of one per task, each task's train split sliced to the cap, rates = capped sizes."""
+  from t5like.data import tasks, tfds_builder
+  common = {"data.mixture": "flan", "data.data_dir": flan_root, "data.source": "tfds",
+            "data.tfds_data_dir": str(tmp_path / "tfds"), "data.flan_grouping": "submixture",
+            "data.flan_example_cap": 20}
+  cfg = make_cfg(**common)
+  mixture = seqio.get_mixture_or_task(pipeline.resolve_mixture(cfg))
+  parts = {t: tfds_builder.flan_part(tfds_builder.task_key(t)) for t in ("define", "continue", "qa")}
+  want = sorted({f"flan.sub_a.{parts['define']}", f"flan.sub_a.{parts['continue']}",
+                 f"flan.sub_b.{parts['qa']}"})
+  assert sorted(t.name for t in mixture.tasks) == want
+  rates = collections.Counter()
+  for t in mixture.tasks:
+    rates[t.name.split(".")[1]] += mixture.get_rate(t)
+  assert rates == {"sub_a": 40.0, "sub_b": 10.0}  # min(60, 20) + min(30, 20); min(10, 20).
+  sub_a = seqio.get_mixture_or_task("flan.sub_a")
+  per_task = collections.Counter()
+  for task in sub_a.tasks:
+    ds = task.source.get_dataset("train", shuffle=False)
+    per_task.update(ex["task_name"] for ex in ds.as_numpy_iterator())
+  assert per_task == {b"define": 20, b"continue": 20}  # Each task capped per epoch.
+  valid = sum(len(list(t.source.get_dataset("validation", shuffle=False).as_numpy_iterator()))
+              for t in sub_a.tasks)
+  assert valid == 8  # Validation is read whole: 4 + 4.
+  stats = [tasks.task_stats(t.name) for t in sub_a.tasks]
+  assert sum(s.get("ok", 0) for s in stats) == 90  # Converted records, summed over tasks.
+  assert _rows(cfg, n=2)  # And it batches.
+  drop = make_cfg(**common, **{"data.mixture_rates": json.dumps({"continue": 0})})
+  mixture = seqio.get_mixture_or_task(pipeline.resolve_mixture(drop))
+  assert sorted(t.name for t in mixture.tasks) == sorted(
+      {f"flan.sub_a.{parts['define']}", f"flan.sub_b.{parts['qa']}"})
+  bad = make_cfg(**common, **{"data.mixture_rates": json.dumps({"define": 3})})
+  with pytest.raises(ValueError, match="flan_grouping='task' for per-task rates"):
+    pipeline.resolve_mixture(bad)

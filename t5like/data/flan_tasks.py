@@ -1,0 +1,221 @@
+"""FLAN-style instruction corpora as seqio tasks and mixtures (``flan``, ``embedded_flan``).
+
+Mixing is examples-proportional with a per-task cap (``data.flan_example_cap``), as in T5/FLAN.
+``data.flan_grouping`` picks how many input pipelines that takes:
+
+* ``"task"``: one seqio task per FLAN task (exact seqio mixing; per-task rates). Each pipeline
+  costs ~0.5 s of tf.data tracing and ~15 MB, which is too much at FLAN's ~1.8k tasks.
+* ``"submixture"``: one pipeline per sub-mixture (jsonl: its files interleaved, each capped;
+  tfds: one per sub-mixture and conversion part, its tasks' splits concatenated, each capped);
+  over an epoch each task still contributes min(#examples, cap), but a task above the cap repeats
+  the same ``cap`` examples (its first) every epoch. Per-task rates can only be 0 (drop).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from t5like.data import counts, sources
+from t5like.data import task_common as tc
+
+
+def register_flan(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
+  """Registers the tasks and mixtures of FLAN corpus ``spec``; (task names, mixture names)."""
+  if spec.flan_grouping == "submixture":
+    return (_register_grouped_tfds if spec.source == "tfds" else _register_grouped_jsonl)(spec)
+  return _register_per_task(spec)
+
+
+def _capped_reader(filename, *, cap: int, **kwargs):
+  # Stop reading (and close the file) at the cap: an open stream per big task would pile up.
+  return sources.jsonl_dataset(filename, max_lines=cap, **kwargs).take(cap)
+
+
+def _overrides_for_grouping(spec: tc.CorpusSpec, subs: set[str], tasks: set[str]
+                            ) -> dict[str, float]:
+  overrides = tc.check_rate_keys(spec, sorted(subs | tasks))
+  bad = sorted(k for k, v in overrides.items() if k not in subs and v != 0)
+  if bad:
+    raise ValueError(f"data.mixture_rates gives tasks {bad} a rate other than 0; with "
+                     "data.flan_grouping='submixture' tasks can only be dropped (0); use "
+                     "data.flan_grouping='task' for per-task rates")
+  return overrides
+
+
+def _add_task(name: str, source, spec: tc.CorpusSpec, stats: Callable[[str], dict[str, Any]]):
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  task = tc.make_task(name, source, spec)
+  seqio.TaskRegistry.add_provider(name, task)
+  tc.TASK_STATS[name] = stats
+  return task
+
+
+def _register_grouped_jsonl(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
+  """One seqio task per sub-mixture reading all its task files, 32 interleaved, one record each
+  in turn, each file read up to the cap per epoch."""
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  corpus_counts = counts.CorpusCounts(spec.root, sources.FLAN_SCHEMA)
+  by_sub: dict[str, list[sources.FlanTaskFiles]] = {}
+  for t in sources.flan_tasks(spec.root):
+    by_sub.setdefault(t.submixture, []).append(t)
+  overrides = _overrides_for_grouping(spec, set(by_sub),
+                                      {t.task for ts in by_sub.values() for t in ts})
+  names, entries = [], []
+  for sub, ts in sorted(by_sub.items()):
+    keep = [t for t in ts if overrides.get(t.task) != 0]
+    split_files = {split: [p for t in keep for s, p in t.splits if s == split]
+                   for split in sources.FLAN_SPLITS}
+    split_files = {k: v for k, v in split_files.items() if v}
+    if "train" not in split_files:
+      continue
+    name = f"{spec.name}.{tc.clean(sub)}"
+    reader = functools.partial(_capped_reader, cap=spec.cap, schema=sources.FLAN_SCHEMA,
+                               policy=spec.bad_records, label=name)
+    src = seqio.FileDataSource(read_file_fn=reader, split_to_filepattern=split_files,
+                               caching_permitted=False, block_length=1,
+                               cycle_length=min(len(split_files["train"]), 32))
+    task = _add_task(name, src, spec, functools.partial(tc.live_stats, name))
+    sources.reset_stats(name)
+    names.append(name)
+    if overrides.get(sub) != 0:
+      rate = overrides.get(sub)
+      own = tc.memo(functools.partial(float, rate) if rate is not None else functools.partial(
+          lambda fs: float(sum(min(corpus_counts.count([f])[0], spec.cap) for f in fs)),
+          split_files["train"]))
+      entries.append((task, tc.rate_fn(own)))
+  if not entries:
+    raise ValueError(f"every sub-mixture of {spec.name} has rate 0 in data.mixture_rates")
+  seqio.MixtureRegistry.add_provider(spec.name, seqio.Mixture(spec.name, entries))
+  return names, [spec.name]
+
+
+def _summed_stats(metadata: dict[str, Any], splits_by_name: dict[str, list[str]],
+                  split: str) -> dict[str, Any]:
+  """Conversion-time record counts of a grouped task: the sum over its tasks' splits."""
+  total: dict[str, int] = {}
+  for tfds_split in splits_by_name.get(split, []):
+    for key, n in metadata.get("records", {}).get(tfds_split, {}).items():
+      total[key] = total.get(key, 0) + n
+  return {"where": "tfds_conversion", **total}
+
+
+def _register_grouped_tfds(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
+  """One seqio task per (sub-mixture, conversion part): a TFDS split expression concatenating
+  its tasks' splits, each sliced to the cap (``"a-train[:cap]+b-train[:cap]"``).
+
+  A TFDS source reads one dataset, and each part is its own dataset, hence one task per part;
+  16 parts x FLAN's 5 sub-mixtures is at most 80 pipelines instead of ~1.8k.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  from t5like.data import tfds_builder  # pylint: disable=g-import-not-at-top
+
+  builders = tfds_builder.prepare_flan(spec.root, tc.tfds_dir(spec), policy=spec.bad_records)
+  rows = tfds_builder.flan_task_table(builders)
+  overrides = _overrides_for_grouping(spec, {r["submixture"] for r in rows},
+                                      {r["task"] for r in rows})
+  groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+  for row in rows:
+    if overrides.get(row["task"]) != 0:
+      groups.setdefault((row["submixture"], row["part"]), []).append(row)
+  names, by_sub = [], {}
+  for (sub, part), members in sorted(groups.items()):
+    splits_by_name = {s: [r["splits"][s] for r in members if s in r["splits"]]
+                      for s in sources.FLAN_SPLITS}
+    splits_by_name = {s: v for s, v in splits_by_name.items() if v}
+    if "train" not in splits_by_name:
+      continue
+    # Train splits above the cap are sliced to it (TFDS rejects a slice past the end);
+    # validation is read whole.
+    train = [r["splits"]["train"] + (f"[:{spec.cap}]" if r["sizes"]["train"] > spec.cap else "")
+             for r in members if "train" in r["splits"]]
+    expr = {s: "+".join(train if s == "train" else v) for s, v in splits_by_name.items()}
+    name = f"{spec.name}.{tc.clean(sub)}.{part}"
+    src = tc.tfds_source(members[0]["tfds_name"], spec, expr)
+    metadata = builders[part].info.metadata
+    task = _add_task(name, src, spec, functools.partial(_summed_stats, metadata, splits_by_name))
+    names.append(name)
+    size = float(sum(min(r["sizes"].get("train", 0), spec.cap) for r in members))
+    by_sub.setdefault(sub, []).append((task, size))
+  return names, _grouped_mixtures(spec, by_sub, overrides)
+
+
+def _grouped_mixtures(spec: tc.CorpusSpec, by_sub: dict[str, list[tuple[Any, float]]],
+                      overrides: dict[str, float]) -> list[str]:
+  """``<name>.<sub>`` mixtures of the part tasks, and ``<name>`` over every sub-mixture (a
+  sub-mixture's override fixes its total rate, shared by its parts in proportion to size)."""
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  mixtures, entries = [], []
+  for sub, members in sorted(by_sub.items()):
+    name = f"{spec.name}.{tc.clean(sub)}"
+    seqio.MixtureRegistry.add_provider(name, seqio.Mixture(name, list(members)))
+    mixtures.append(name)
+    if overrides.get(sub) == 0:
+      continue
+    total = sum(size for _, size in members)
+    for task, size in members:
+      rate = overrides[sub] * size / max(total, 1e-12) if sub in overrides else size
+      entries.append((task, rate))
+  if not entries:
+    raise ValueError(f"every sub-mixture of {spec.name} has rate 0 in data.mixture_rates")
+  seqio.MixtureRegistry.add_provider(spec.name, seqio.Mixture(spec.name, entries))
+  return mixtures + [spec.name]
+
+
+def _register_per_task(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
+  """One seqio task per FLAN task, ``<name>.<sub>.<task>``; mixtures per sub-mixture and whole."""
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  rows = []  # (submixture, task, seqio source, train-count fn, stats fn)
+  if spec.source == "tfds":
+    from t5like.data import tfds_builder  # pylint: disable=g-import-not-at-top
+
+    builders = tfds_builder.prepare_flan(spec.root, tc.tfds_dir(spec), policy=spec.bad_records)
+    for row in tfds_builder.flan_task_table(builders):  # Each task reads its part's dataset.
+      src = tc.tfds_source(row["tfds_name"], spec, row["splits"])
+      count = functools.partial(lambda n: n, row["sizes"].get("train", 0))
+      metadata = builders[row["part"]].info.metadata
+      rows.append((row["submixture"], row["task"], src, count,
+                   functools.partial(tc.conversion_stats, metadata, row["splits"])))
+  else:
+    corpus_counts = counts.CorpusCounts(spec.root, sources.FLAN_SCHEMA)
+    for t in sources.flan_tasks(spec.root):
+      split_files = {split: [path] for split, path in t.splits}
+      label = f"{spec.name}.{tc.clean(t.submixture)}.{tc.clean(t.task)}"
+      src = tc.jsonl_source(split_files, sources.FLAN_SCHEMA, spec, label=label)
+      count = functools.partial(lambda f: corpus_counts.count(f)[0],
+                                split_files.get("train", []))
+      rows.append((t.submixture, t.task, src, count, functools.partial(tc.live_stats, label)))
+      sources.reset_stats(label)
+  overrides = tc.check_rate_keys(spec, sorted({r[0] for r in rows} | {r[1] for r in rows}))
+  task_names, by_sub = [], {}
+  for sub, task_dir, src, count, stats in rows:
+    name = f"{spec.name}.{tc.clean(sub)}.{tc.clean(task_dir)}"
+    task = _add_task(name, src, spec, stats)
+    task_names.append(name)
+    rate = overrides.get(task_dir)
+    if rate != 0:
+      own = tc.memo(functools.partial(tc.capped, count, spec.cap) if rate is None
+                    else functools.partial(float, rate))
+      by_sub.setdefault(sub, []).append((task, own))
+  mixtures, entries = [], []
+  for sub, members in by_sub.items():
+    name = f"{spec.name}.{tc.clean(sub)}"
+    seqio.MixtureRegistry.add_provider(
+        name, seqio.Mixture(name, [(t, tc.rate_fn(own)) for t, own in members]))
+    mixtures.append(name)
+    if overrides.get(sub) == 0:
+      continue
+    for task, own in members:
+      if sub in overrides:  # The sub-mixture's total is fixed; its tasks share it as above.
+        entries.append((task, functools.partial(tc.share, own, [o for _, o in members],
+                                                overrides[sub])))
+      else:
+        entries.append((task, tc.rate_fn(own)))
+  if not entries:
+    raise ValueError(f"every task of {spec.name} has rate 0 in data.mixture_rates")
+  seqio.MixtureRegistry.add_provider(spec.name, seqio.Mixture(spec.name, entries))
+  return task_names, mixtures + [spec.name]

@@ -291,7 +291,8 @@ def test_flan_tfds_grouped_by_submixture_and_part_caps_each_task(make_cfg, flan_
   assert valid == 8  # Validation is read whole: 4 + 4.
   stats = [tasks.task_stats(t.name) for t in sub_a.tasks]
   assert sum(s.get("ok", 0) for s in stats) == 90  # Converted records, summed over tasks.
-  assert _rows(cfg, n=2)  # And it batches.
+  assert _rows(cfg, n=2)  # And it batches,
+  assert _rows(cfg, n=1, shard_index=1, num_shards=2)  # also as one of two hosts.
   drop = make_cfg(**common, **{"data.mixture_rates": json.dumps({"continue": 0})})
   mixture = seqio.get_mixture_or_task(pipeline.resolve_mixture(drop))
   assert sorted(t.name for t in mixture.tasks) == sorted(

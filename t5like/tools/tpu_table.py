@@ -54,16 +54,16 @@ def _candidate(base: Config, remat: str, microbatches: int, fsdp_split: int) -> 
   return cfg
 
 
-def search(base: Config, chip: aot.Chip, devices, log=print,
-           max_compiles: int = 8) -> tuple[dict[str, Any], Config]:
-  """Compiles candidates until one fits or ``max_compiles`` were compiled; returns the report
-  and config of the one that fits (or of the last tried)."""
+def search(base: Config, chip: aot.Chip, devices, log=print, max_compiles: int = 8,
+           candidates: list[tuple[str, int]] | None = None) -> tuple[dict[str, Any], Config]:
+  """Compiles ``candidates`` (default `CANDIDATES`) in order until one fits or ``max_compiles``
+  were compiled; returns the report and config of the one that fits (or of the last tried)."""
   from t5like import partitioning
   from t5like.training import state as state_lib
   last: dict[str, Any] | None = None
   tried = 0
   for split in (1, 4):
-    for remat, mb in CANDIDATES:
+    for remat, mb in candidates or CANDIDATES:
       cfg = _candidate(base, remat, mb, split)
       if cfg is None:
         continue
@@ -201,6 +201,14 @@ def _jsonable(r: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
+def _parse_candidate(text: str) -> tuple[str, int]:
+  remat, _, mb = text.partition("/")
+  if remat not in {r for r, _ in CANDIDATES} or not mb.isdigit() or int(mb) < 1:
+    raise SystemExit(f"--candidates: {text!r} is not REMAT/MICROBATCHES with REMAT one of "
+                     f"{sorted({r for r, _ in CANDIDATES})} (e.g. full/2)")
+  return remat, int(mb)
+
+
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--topologies", nargs="+", default=["v5p-128", "v5e-256"])
@@ -213,11 +221,15 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--results", default="runs/tpu_table.json")
   ap.add_argument("--max_compiles", type=int, default=8,
                   help="compiles per config and slice before giving up on a fitting setting")
+  ap.add_argument("--candidates", nargs="*", default=[],
+                  help="search only these settings, REMAT/MICROBATCHES in order (e.g. full/2), "
+                       "e.g. a same-shaped config's result: decllm_prefix_* has decllm_*'s memory")
   ap.add_argument("--report_only", action="store_true",
                   help="compile nothing: the table of what --results already holds")
   ap.add_argument("--markdown", default="")
   ap.add_argument("--readme", default="")
   args = ap.parse_args(argv)
+  candidates = [_parse_candidate(c) for c in args.candidates]
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   results_path = epath.Path(args.results)
   results = json.loads(results_path.read_text()) if results_path.exists() else {}
@@ -234,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         continue
       print(f"{key}:", flush=True)
       report, chosen = search(base, chip, devices, log=lambda s: print(s, flush=True),
-                              max_compiles=args.max_compiles)
+                              max_compiles=args.max_compiles, candidates=candidates)
       if name in args.splash_configs:
         report["splash"] = splash_variant(chosen, chip, devices)
       results[key] = _jsonable(report)

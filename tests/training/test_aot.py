@@ -158,3 +158,13 @@ def test_tpu_table_merges_new_results_into_the_rows_already_written():
   with_splash = dict(_result(20.0), splash=_result(15.0))
   both = tpu_table.table({"decllm_1b@v5p-128": with_splash}, block=new)
   assert "20.0 / 15.0" in both.split("Same settings")[1] and "30.0 / 95" in both
+
+
+def test_tpu_table_candidates_are_parsed_and_bad_ones_named():
+  """``--candidates full/2 dots_no_batch/1`` restricts the search, in that order."""
+  from t5like.tools import tpu_table
+  assert [tpu_table._parse_candidate(c) for c in ("full/2", "dots_no_batch/1")] == [  # pylint: disable=protected-access
+      ("full", 2), ("dots_no_batch", 1)]
+  for bad in ("full", "full/0", "nothing/2", "full/x"):
+    with pytest.raises(SystemExit, match="REMAT/MICROBATCHES"):
+      tpu_table._parse_candidate(bad)  # pylint: disable=protected-access

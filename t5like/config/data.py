@@ -71,7 +71,7 @@ class DataConfig:
   flan_example_cap: int = 30_000  # Examples-proportional mixing cap per FLAN task (T5/FLAN style).
   flan_grouping: str = "task"  # FLAN pipelines: "task" = one per task (exact seqio mixing, any
   #   per-task rate; start-up ~0.5 s and ~15 MB per task), "submixture" = one per sub-mixture
-  #   (jsonl; tfds: per sub-mixture and conversion part), each task capped at flan_example_cap
+  #   (jsonl or tfds), each task capped at flan_example_cap
   #   per epoch (same expected proportions; seconds to start with thousands; task rates only 0).
   shuffle_buffer_size: int = 1000  # Per-task example shuffle buffer (after preprocessing).
   bad_records: str = "skip"  # Invalid JSON / missing field / empty text / invalid UTF-8 records:

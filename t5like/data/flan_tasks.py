@@ -6,7 +6,7 @@ Mixing is examples-proportional with a per-task cap (``data.flan_example_cap``),
 * ``"task"``: one seqio task per FLAN task (exact seqio mixing; per-task rates). Each pipeline
   costs ~0.5 s of tf.data tracing and ~15 MB, which is too much at FLAN's ~1.8k tasks.
 * ``"submixture"``: one pipeline per sub-mixture (jsonl: its files interleaved, each capped;
-  tfds: one per sub-mixture and conversion part, its tasks' splits concatenated, each capped);
+  tfds: its tasks' splits concatenated per conversion part, each capped, the parts sampled);
   over an epoch each task still contributes min(#examples, cap), but a task above the cap repeats
   the same ``cap`` examples (its first) every epoch. Per-task rates can only be 0 (drop).
 """
@@ -91,22 +91,66 @@ def _register_grouped_jsonl(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
   return names, [spec.name]
 
 
-def _summed_stats(metadata: dict[str, Any], splits_by_name: dict[str, list[str]],
+def _summed_stats(parts: list[tuple[dict[str, Any], dict[str, list[str]]]],
                   split: str) -> dict[str, Any]:
-  """Conversion-time record counts of a grouped task: the sum over its tasks' splits."""
+  """Conversion-time record counts of a grouped task: the sum over its tasks' splits in every
+  part, given as (part metadata, {split: [tfds split names]})."""
   total: dict[str, int] = {}
-  for tfds_split in splits_by_name.get(split, []):
-    for key, n in metadata.get("records", {}).get(tfds_split, {}).items():
-      total[key] = total.get(key, 0) + n
+  for metadata, splits_by_name in parts:
+    for tfds_split in splits_by_name.get(split, []):
+      for key, n in metadata.get("records", {}).get(tfds_split, {}).items():
+        total[key] = total.get(key, 0) + n
   return {"where": "tfds_conversion", **total}
 
 
-def _register_grouped_tfds(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
-  """One seqio task per (sub-mixture, conversion part): a TFDS split expression concatenating
-  its tasks' splits, each sliced to the cap (``"a-train[:cap]+b-train[:cap]"``).
+class _PartsSource:
+  """A seqio source over several TFDS sources (one per conversion part) that samples their
+  examples in proportion to ``weights[split]``, until every part is exhausted (one epoch).
 
-  A TFDS source reads one dataset, and each part is its own dataset, hence one task per part;
-  16 parts x FLAN's 5 sub-mixtures is at most 80 pipelines instead of ~1.8k.
+  Written by hand because a `seqio.TfdsDataSource` reads one dataset and each part is its own;
+  sharding across hosts is each part's (seqio's rule: whole files when a part has at least as
+  many as hosts, else every n-th example).
+  """
+
+  def __new__(cls, parts, weights: dict[str, list[float]]):
+    import seqio  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    class PartsSource(seqio.DataSource):
+      """See `_PartsSource`."""
+
+      def __init__(self) -> None:
+        super().__init__(splits=tuple(weights), caching_permitted=False)
+
+      @property
+      def supports_arbitrary_sharding(self) -> bool:
+        return True  # Handled per part below.
+
+      def list_shards(self, split: str):
+        return [s for src in parts if split in src.splits for s in src.list_shards(split)]
+
+      def get_dataset(self, split: str = "train", shuffle: bool = True, seed=None,
+                      shard_info=None, **kwargs):
+        del kwargs
+        dss = []
+        for src in (s for s in parts if split in s.splits):
+          whole = not shard_info or len(src.list_shards(split)) >= shard_info.num_shards
+          ds = src.get_dataset(split, shuffle=shuffle, seed=seed,
+                               shard_info=shard_info if whole else None)
+          dss.append(ds if whole else ds.shard(shard_info.num_shards, shard_info.index))
+        if len(dss) == 1:
+          return dss[0]
+        return tf.data.Dataset.sample_from_datasets(
+            dss, weights=weights[split], seed=0 if seed is None else seed,
+            stop_on_empty_dataset=False)
+
+    return PartsSource()
+
+
+def _register_grouped_tfds(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
+  """One seqio task per sub-mixture over every conversion part holding its tasks; in a part,
+  a TFDS split expression concatenates the tasks' splits, each train split sliced to the cap
+  (``"a-train[:cap]+b-train"``), and the parts are sampled in proportion to their capped sizes.
   """
   import seqio  # pylint: disable=g-import-not-at-top
 
@@ -116,53 +160,41 @@ def _register_grouped_tfds(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
   rows = tfds_builder.flan_task_table(builders)
   overrides = _overrides_for_grouping(spec, {r["submixture"] for r in rows},
                                       {r["task"] for r in rows})
-  groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+  by_sub: dict[str, dict[str, list[dict[str, Any]]]] = {}
   for row in rows:
     if overrides.get(row["task"]) != 0:
-      groups.setdefault((row["submixture"], row["part"]), []).append(row)
-  names, by_sub = [], {}
-  for (sub, part), members in sorted(groups.items()):
-    splits_by_name = {s: [r["splits"][s] for r in members if s in r["splits"]]
-                      for s in sources.FLAN_SPLITS}
-    splits_by_name = {s: v for s, v in splits_by_name.items() if v}
-    if "train" not in splits_by_name:
+      by_sub.setdefault(row["submixture"], {}).setdefault(row["part"], []).append(row)
+  names, entries = [], []
+  for sub, by_part in sorted(by_sub.items()):
+    parts, weights, stats = [], {}, []
+    for part, members in sorted(by_part.items()):
+      # TFDS rejects a slice past a split's end: only splits above the cap are sliced.
+      expr = {s: "+".join(r["splits"][s] + (f"[:{spec.cap}]" if s == "train" and
+                                            r["sizes"][s] > spec.cap else "")
+                          for r in members if s in r["splits"])
+              for s in sources.FLAN_SPLITS}
+      expr = {s: e for s, e in expr.items() if e}
+      if "train" not in expr:
+        continue
+      parts.append(tc.tfds_source(members[0]["tfds_name"], spec, expr))
+      for s in expr:  # Per split, one weight per part that has the split (their order).
+        weights.setdefault(s, []).append(float(sum(
+            min(r["sizes"].get(s, 0), spec.cap if s == "train" else r["sizes"].get(s, 0))
+            for r in members)))
+      stats.append((builders[part].info.metadata,
+                    {s: [r["splits"][s] for r in members if s in r["splits"]] for s in expr}))
+    if not parts:
       continue
-    # Train splits above the cap are sliced to it (TFDS rejects a slice past the end);
-    # validation is read whole.
-    train = [r["splits"]["train"] + (f"[:{spec.cap}]" if r["sizes"]["train"] > spec.cap else "")
-             for r in members if "train" in r["splits"]]
-    expr = {s: "+".join(train if s == "train" else v) for s, v in splits_by_name.items()}
-    name = f"{spec.name}.{tc.clean(sub)}.{part}"
-    src = tc.tfds_source(members[0]["tfds_name"], spec, expr)
-    metadata = builders[part].info.metadata
-    task = _add_task(name, src, spec, functools.partial(_summed_stats, metadata, splits_by_name))
-    names.append(name)
-    size = float(sum(min(r["sizes"].get("train", 0), spec.cap) for r in members))
-    by_sub.setdefault(sub, []).append((task, size))
-  return names, _grouped_mixtures(spec, by_sub, overrides)
-
-
-def _grouped_mixtures(spec: tc.CorpusSpec, by_sub: dict[str, list[tuple[Any, float]]],
-                      overrides: dict[str, float]) -> list[str]:
-  """``<name>.<sub>`` mixtures of the part tasks, and ``<name>`` over every sub-mixture (a
-  sub-mixture's override fixes its total rate, shared by its parts in proportion to size)."""
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  mixtures, entries = [], []
-  for sub, members in sorted(by_sub.items()):
     name = f"{spec.name}.{tc.clean(sub)}"
-    seqio.MixtureRegistry.add_provider(name, seqio.Mixture(name, list(members)))
-    mixtures.append(name)
-    if overrides.get(sub) == 0:
-      continue
-    total = sum(size for _, size in members)
-    for task, size in members:
-      rate = overrides[sub] * size / max(total, 1e-12) if sub in overrides else size
-      entries.append((task, rate))
+    task = _add_task(name, _PartsSource(parts, weights), spec,
+                     functools.partial(_summed_stats, stats))
+    names.append(name)
+    if overrides.get(sub) != 0:
+      entries.append((task, overrides.get(sub, sum(weights["train"]))))
   if not entries:
     raise ValueError(f"every sub-mixture of {spec.name} has rate 0 in data.mixture_rates")
   seqio.MixtureRegistry.add_provider(spec.name, seqio.Mixture(spec.name, entries))
-  return mixtures + [spec.name]
+  return names, [spec.name]
 
 
 def _register_per_task(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:

@@ -263,40 +263,34 @@ def test_flan_grouped_by_submixture_keeps_capped_examples_proportional_mixing(ma
     pipeline.resolve_mixture(bad)
 
 
-def test_flan_tfds_grouped_by_submixture_and_part_caps_each_task(make_cfg, flan_root, tmp_path):
-  """data.source=tfds with submixture grouping: one pipeline per (sub-mixture, conversion part)
-  instead of one per task, each task's train split sliced to the cap, rates = capped sizes."""
+def test_flan_tfds_grouped_by_submixture_caps_each_task(make_cfg, flan_root, tmp_path):
+  """data.source=tfds with submixture grouping: one pipeline per sub-mixture over the conversion
+  parts holding its tasks (not one per task), each task's train split sliced to the cap, rates =
+  capped sizes."""
   from t5like.data import tasks, tfds_builder
   common = {"data.mixture": "flan", "data.data_dir": flan_root, "data.source": "tfds",
             "data.tfds_data_dir": str(tmp_path / "tfds"), "data.flan_grouping": "submixture",
             "data.flan_example_cap": 20}
+  parts = {t: tfds_builder.flan_part(tfds_builder.task_key(t)) for t in ("define", "continue")}
+  assert parts["define"] != parts["continue"]  # sub_a spans two parts: they are sampled.
   cfg = make_cfg(**common)
   mixture = seqio.get_mixture_or_task(pipeline.resolve_mixture(cfg))
-  parts = {t: tfds_builder.flan_part(tfds_builder.task_key(t)) for t in ("define", "continue", "qa")}
-  want = sorted({f"flan.sub_a.{parts['define']}", f"flan.sub_a.{parts['continue']}",
-                 f"flan.sub_b.{parts['qa']}"})
-  assert sorted(t.name for t in mixture.tasks) == want
-  rates = collections.Counter()
-  for t in mixture.tasks:
-    rates[t.name.split(".")[1]] += mixture.get_rate(t)
-  assert rates == {"sub_a": 40.0, "sub_b": 10.0}  # min(60, 20) + min(30, 20); min(10, 20).
+  assert {t.name: mixture.get_rate(t) for t in mixture.tasks} == {
+      "flan.sub_a": 40.0, "flan.sub_b": 10.0}  # min(60, 20) + min(30, 20); min(10, 20).
   sub_a = seqio.get_mixture_or_task("flan.sub_a")
-  per_task = collections.Counter()
-  for task in sub_a.tasks:
-    ds = task.source.get_dataset("train", shuffle=False)
-    per_task.update(ex["task_name"] for ex in ds.as_numpy_iterator())
-  assert per_task == {b"define": 20, b"continue": 20}  # Each task capped per epoch.
-  valid = sum(len(list(t.source.get_dataset("validation", shuffle=False).as_numpy_iterator()))
-              for t in sub_a.tasks)
-  assert valid == 8  # Validation is read whole: 4 + 4.
-  stats = [tasks.task_stats(t.name) for t in sub_a.tasks]
-  assert sum(s.get("ok", 0) for s in stats) == 90  # Converted records, summed over tasks.
+  ds = sub_a.source.get_dataset("train", shuffle=False)
+  order = [ex["task_name"] for ex in ds.as_numpy_iterator()]
+  assert collections.Counter(order) == {b"define": 20, b"continue": 20}  # Capped per epoch,
+  assert len(set(order[:10])) == 2  # and the parts interleave rather than follow each other.
+  valid = list(sub_a.source.get_dataset("validation", shuffle=False).as_numpy_iterator())
+  assert len(valid) == 8  # Validation is read whole: 4 + 4.
+  assert tasks.task_stats("flan.sub_a")["ok"] == 90  # Converted records, summed over tasks.
   assert _rows(cfg, n=2)  # And it batches,
   assert _rows(cfg, n=1, shard_index=1, num_shards=2)  # also as one of two hosts.
   drop = make_cfg(**common, **{"data.mixture_rates": json.dumps({"continue": 0})})
   mixture = seqio.get_mixture_or_task(pipeline.resolve_mixture(drop))
-  assert sorted(t.name for t in mixture.tasks) == sorted(
-      {f"flan.sub_a.{parts['define']}", f"flan.sub_b.{parts['qa']}"})
+  assert {t.name: mixture.get_rate(t) for t in mixture.tasks} == {
+      "flan.sub_a": 20.0, "flan.sub_b": 10.0}
   bad = make_cfg(**common, **{"data.mixture_rates": json.dumps({"define": 3})})
   with pytest.raises(ValueError, match="flan_grouping='task' for per-task rates"):
     pipeline.resolve_mixture(bad)

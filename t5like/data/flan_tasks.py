@@ -8,7 +8,8 @@ Mixing is examples-proportional with a per-task cap (``data.flan_example_cap``),
 * ``"submixture"``: one pipeline per sub-mixture (jsonl: its files interleaved, each capped;
   tfds: its tasks' splits concatenated per conversion part, each capped, the parts sampled);
   over an epoch each task still contributes min(#examples, cap), but a task above the cap repeats
-  the same ``cap`` examples (its first) every epoch. Per-task rates can only be 0 (drop).
+  the same ``cap`` examples every epoch (jsonl: its first; tfds: the first in the conversion's
+  order). Per-task rates can only be 0 (drop).
 """
 from __future__ import annotations
 
@@ -103,50 +104,6 @@ def _summed_stats(parts: list[tuple[dict[str, Any], dict[str, list[str]]]],
   return {"where": "tfds_conversion", **total}
 
 
-class _PartsSource:
-  """A seqio source over several TFDS sources (one per conversion part) that samples their
-  examples in proportion to ``weights[split]``, until every part is exhausted (one epoch).
-
-  Written by hand because a `seqio.TfdsDataSource` reads one dataset and each part is its own;
-  sharding across hosts is each part's (seqio's rule: whole files when a part has at least as
-  many as hosts, else every n-th example).
-  """
-
-  def __new__(cls, parts, weights: dict[str, list[float]]):
-    import seqio  # pylint: disable=g-import-not-at-top
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-    class PartsSource(seqio.DataSource):
-      """See `_PartsSource`."""
-
-      def __init__(self) -> None:
-        super().__init__(splits=tuple(weights), caching_permitted=False)
-
-      @property
-      def supports_arbitrary_sharding(self) -> bool:
-        return True  # Handled per part below.
-
-      def list_shards(self, split: str):
-        return [s for src in parts if split in src.splits for s in src.list_shards(split)]
-
-      def get_dataset(self, split: str = "train", shuffle: bool = True, seed=None,
-                      shard_info=None, **kwargs):
-        del kwargs
-        dss = []
-        for src in (s for s in parts if split in s.splits):
-          whole = not shard_info or len(src.list_shards(split)) >= shard_info.num_shards
-          ds = src.get_dataset(split, shuffle=shuffle, seed=seed,
-                               shard_info=shard_info if whole else None)
-          dss.append(ds if whole else ds.shard(shard_info.num_shards, shard_info.index))
-        if len(dss) == 1:
-          return dss[0]
-        return tf.data.Dataset.sample_from_datasets(
-            dss, weights=weights[split], seed=0 if seed is None else seed,
-            stop_on_empty_dataset=False)
-
-    return PartsSource()
-
-
 def _register_grouped_tfds(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
   """One seqio task per sub-mixture over every conversion part holding its tasks; in a part,
   a TFDS split expression concatenates the tasks' splits, each train split sliced to the cap
@@ -155,6 +112,7 @@ def _register_grouped_tfds(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
   import seqio  # pylint: disable=g-import-not-at-top
 
   from t5like.data import tfds_builder  # pylint: disable=g-import-not-at-top
+  from t5like.data.parts_source import PartsSource  # pylint: disable=g-import-not-at-top
 
   builders = tfds_builder.prepare_flan(spec.root, tc.tfds_dir(spec), policy=spec.bad_records)
   rows = tfds_builder.flan_task_table(builders)
@@ -178,15 +136,15 @@ def _register_grouped_tfds(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
         continue
       parts.append(tc.tfds_source(members[0]["tfds_name"], spec, expr))
       for s in expr:  # Per split, one weight per part that has the split (their order).
-        weights.setdefault(s, []).append(float(sum(
-            min(r["sizes"].get(s, 0), spec.cap if s == "train" else r["sizes"].get(s, 0))
-            for r in members)))
+        sizes = [r["sizes"][s] for r in members if s in r["sizes"]]
+        weights.setdefault(s, []).append(
+            float(sum(min(n, spec.cap) if s == "train" else n for n in sizes)))
       stats.append((builders[part].info.metadata,
                     {s: [r["splits"][s] for r in members if s in r["splits"]] for s in expr}))
     if not parts:
       continue
     name = f"{spec.name}.{tc.clean(sub)}"
-    task = _add_task(name, _PartsSource(parts, weights), spec,
+    task = _add_task(name, PartsSource(parts, weights), spec,
                      functools.partial(_summed_stats, stats))
     names.append(name)
     if overrides.get(sub) != 0:

@@ -134,6 +134,16 @@ def test_bad_records_counted_at_conversion_and_stale_conversion_refused(tmp_path
     tfds_builder.prepare_redpajama(str(tmp_path / "rp2"), str(tmp_path / "tfds2"), policy="error")
 
 
+def _segments(it, tokens: str, segment_ids: str) -> collections.Counter:
+  """How often each packed segment's tokens occur over the batches of ``it``."""
+  segs = collections.Counter()
+  for b in it:
+    for row_tokens, row_ids in zip(b[tokens], b[segment_ids]):
+      for s in set(row_ids.tolist()) - {0}:
+        segs[tuple(row_tokens[row_ids == s])] += 1
+  return segs
+
+
 def test_pipeline_reads_the_conversion_like_the_jsonl(make_cfg, redpajama_root, converted):
   only_book = ('{"arxiv": 0, "c4": 0, "common_crawl": 0, "github": 0, "stackexchange": 0, '
                '"wikipedia": 0}')
@@ -145,12 +155,7 @@ def test_pipeline_reads_the_conversion_like_the_jsonl(make_cfg, redpajama_root, 
                       "data.sequence_length": 256, "model.family": "redllm"})
     it = pipeline.make_iterator(cfg, split="validation", batch_size=2, repeat=False,
                                 shuffle=False)
-    segs = collections.Counter()
-    for b in it:
-      for r in range(2):
-        for s in set(b["encoder_segment_ids"][r].tolist()) - {0}:
-          segs[tuple(b["encoder_input_tokens"][r][b["encoder_segment_ids"][r] == s])] += 1
-    rows[source] = segs
+    rows[source] = _segments(it, "encoder_input_tokens", "encoder_segment_ids")
     stats = it.stats()["tasks"]["redpajama_v1.book:prefix_middle"]
     assert stats["where"] == ("tfds_conversion" if source == "tfds" else "read")
   assert rows["jsonl"] == rows["tfds"] and sum(rows["tfds"].values()) == 5
@@ -166,12 +171,7 @@ def test_pipeline_reads_the_flan_parts_like_the_jsonl(make_cfg, flan_root, conve
                       "model.family": "redllm"})
     it = pipeline.make_iterator(cfg, split="validation", batch_size=4, repeat=False,
                                 shuffle=False)
-    segs = collections.Counter()
-    for b in it:
-      for r in range(4):
-        for s in set(b["decoder_segment_ids"][r].tolist()) - {0}:
-          segs[tuple(b["decoder_target_tokens"][r][b["decoder_segment_ids"][r] == s])] += 1
-    rows[source] = segs
+    rows[source] = _segments(it, "decoder_target_tokens", "decoder_segment_ids")
     wheres = {t["where"] for t in it.stats()["tasks"].values()}
     assert wheres == {"tfds_conversion" if source == "tfds" else "read"}
   assert rows["jsonl"] == rows["tfds"] and sum(rows["tfds"].values()) == 4 * len(FLAN_SIZES)

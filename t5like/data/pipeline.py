@@ -320,18 +320,38 @@ def make_iterator(cfg, *, split: str = "train", batch_size: int, shard_index: in
     mixture: task/mixture name; default ``cfg.data.mixture`` for "train" and
       ``cfg.data.eval_mixture or cfg.data.mixture`` otherwise.
   """
-  import seqio  # pylint: disable=g-import-not-at-top
+  return Iterators(cfg, split=split, batch_size=batch_size, shard_index=shard_index,
+                   num_shards=num_shards, shuffle=shuffle, repeat=repeat, mixture=mixture)()
 
-  from t5like import runtime
-  runtime.init_tensorflow()  # Before tf.data builds anything: TF stays on the CPU.
-  if mixture is None:
-    mixture = cfg.data.mixture if split == "train" else (cfg.data.eval_mixture or cfg.data.mixture)
-  ds = make_dataset(cfg, split=split, batch_size=batch_size, shard_index=shard_index,
-                    num_shards=num_shards, shuffle=shuffle, repeat=repeat, mixture=mixture)
-  provider = seqio.get_mixture_or_task(resolve_mixture(cfg, mixture))
-  task_names = [t.name for t in getattr(provider, "tasks", [provider])]
-  fingerprint = _fingerprint(cfg, split=split, batch_size=batch_size, shard_index=shard_index,
-                             num_shards=num_shards, shuffle=shuffle, repeat=repeat,
-                             mixture=mixture)
-  return DataIterator(ds, fingerprint=fingerprint, task_names=task_names, split=split,
-                      shard_index=shard_index, num_shards=num_shards)
+
+class Iterators:
+  """Fresh `DataIterator`s over one pipeline built once (arguments as `make_iterator`).
+
+  Building a pipeline sets up every seqio task and traces every map (seconds per task on a paper
+  mixture); a held-out split is read again at every eval, so the trainer builds it once and
+  starts a new iterator each time: same batches, from the first one.
+  """
+
+  def __init__(self, cfg, *, split: str = "train", batch_size: int, shard_index: int = 0,
+               num_shards: int = 1, shuffle: bool = True, repeat: bool = True,
+               mixture: str | None = None) -> None:
+    import seqio  # pylint: disable=g-import-not-at-top
+
+    from t5like import runtime
+    runtime.init_tensorflow()  # Before tf.data builds anything: TF stays on the CPU.
+    if mixture is None:
+      mixture = (cfg.data.mixture if split == "train"
+                 else (cfg.data.eval_mixture or cfg.data.mixture))
+    self.dataset = make_dataset(cfg, split=split, batch_size=batch_size,
+                                shard_index=shard_index, num_shards=num_shards, shuffle=shuffle,
+                                repeat=repeat, mixture=mixture)
+    provider = seqio.get_mixture_or_task(resolve_mixture(cfg, mixture))
+    self._kwargs = dict(
+        fingerprint=_fingerprint(cfg, split=split, batch_size=batch_size,
+                                 shard_index=shard_index, num_shards=num_shards,
+                                 shuffle=shuffle, repeat=repeat, mixture=mixture),
+        task_names=[t.name for t in getattr(provider, "tasks", [provider])], split=split,
+        shard_index=shard_index, num_shards=num_shards)
+
+  def __call__(self) -> DataIterator:
+    return DataIterator(self.dataset, **self._kwargs)

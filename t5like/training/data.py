@@ -47,6 +47,7 @@ class PipelineData:
 
   def __init__(self, cfg: Config, *, check: bool = True):
     self.cfg = cfg
+    self._eval_pipelines: dict[tuple, Any] = {}  # (rows, shard, shards, mixture) -> Iterators
     try:
       from t5like.data import checks, pipeline  # noqa: F401
     except ImportError as e:
@@ -64,18 +65,23 @@ class PipelineData:
 
   def eval(self, batch_size, shard_index, num_shards):
     """The validation split of ``data.eval_mixture`` (default: of ``data.mixture``)."""
-    from t5like.data import pipeline
-    return pipeline.make_iterator(self.cfg, split="validation", batch_size=batch_size,
-                                  shard_index=shard_index, num_shards=num_shards, shuffle=False,
-                                  repeat=False)
+    return self._held_out(batch_size, shard_index, num_shards, None)
 
   def extra_evals(self, batch_size, shard_index, num_shards) -> dict[str, DataIterator]:
     """Fresh iterators over the ``data.extra_eval`` sets, by name (Paloma-style eval)."""
     from t5like.data import pipeline
-    return {name: pipeline.make_iterator(
-        self.cfg, split="validation", batch_size=batch_size, shard_index=shard_index,
-        num_shards=num_shards, shuffle=False, repeat=False, mixture=task)
+    return {name: self._held_out(batch_size, shard_index, num_shards, task)
             for name, task in pipeline.extra_eval_mixtures(self.cfg).items()}
+
+  def _held_out(self, batch_size, shard_index, num_shards, mixture):
+    """A fresh iterator over a held-out pipeline built at the first eval and kept (`Iterators`)."""
+    from t5like.data import pipeline
+    key = (batch_size, shard_index, num_shards, mixture)
+    if key not in self._eval_pipelines:
+      self._eval_pipelines[key] = pipeline.Iterators(
+          self.cfg, split="validation", batch_size=batch_size, shard_index=shard_index,
+          num_shards=num_shards, shuffle=False, repeat=False, mixture=mixture)
+    return self._eval_pipelines[key]()
 
 
 def extra_eval_iterators(data: DataSource, batch_size: int, shard_index: int, num_shards: int

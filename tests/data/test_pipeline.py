@@ -154,6 +154,27 @@ def test_validation_reads_each_task_once_and_pads_the_last_batch(make_cfg, redpa
   assert all((last[k][empty] == 0).all() for k in last)
 
 
+
+def test_held_out_pipeline_is_built_once_and_every_eval_reads_it_from_the_start(
+    make_cfg, redpajama_root, monkeypatch):
+  from t5like.training.data import PipelineData
+
+  cfg = _rp(make_cfg, redpajama_root, **{"data.sequence_length": 256})
+  builds = []
+  make = pipeline.make_dataset
+  monkeypatch.setattr(pipeline, "make_dataset", lambda *a, **k: builds.append(k) or make(*a, **k))
+  data = PipelineData(cfg, check=False)
+  first = list(data.eval(1, 0, 1))
+  second = data.eval(1, 0, 1)
+  next(second)  # A half-read iterator does not move the next eval's start.
+  third = list(data.eval(1, 0, 1))
+  assert len(builds) == 1 and builds[0]["split"] == "validation"
+  assert len(first) > 1 and len(third) == len(first)
+  for a, b in zip(first, third):
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+  data.eval(2, 0, 1).close()  # Another batch size is another pipeline.
+  assert len(builds) == 2
+
 @pytest.mark.slow
 def test_interpreter_exits_with_a_live_iterator(redpajama_root, spm_path):
   code = textwrap.dedent(f"""

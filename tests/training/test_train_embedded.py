@@ -11,9 +11,8 @@ import os
 import pytest
 
 from t5like.config import load_config
-from t5like.training import loop
 from t5like.training.data import PipelineData, unigram_entropy
-from train_helpers import REPO, read_metrics
+from train_helpers import REPO, read_metrics, run_training
 
 
 def _held_out_entropy(cfg) -> float:
@@ -41,7 +40,9 @@ def test_loss_falls_well_below_unigram_entropy(name, steps, tmp_path):
   cfg = _quick(name, steps)
   entropy = _held_out_entropy(cfg)
   assert 6.0 < entropy < 8.0  # ~6.8 nats for the 8k SentencePiece vocab on this corpus.
-  result = loop.run(cfg, str(tmp_path))
+  # A few hundred steps: run with XLA's default optimisation (~3x faster steps than the suite's
+  # fast-compile flags; tests/conftest.py).
+  result = run_training(cfg, str(tmp_path), data="pipeline", optimize=True)
   first_loss = read_metrics(str(tmp_path))[0]["loss"]
   assert first_loss > entropy  # It starts above the unigram baseline (random init)...
   print(f"{name}: held-out loss {result['eval_loss']:.3f}, unigram entropy {entropy:.3f}")
@@ -54,5 +55,5 @@ def test_loss_falls_well_below_unigram_entropy(name, steps, tmp_path):
 def test_shipped_tiny_configs_learn_the_embedded_corpus(name, tmp_path):
   cfg = load_config(os.path.join(REPO, "configs", name), ["train.progress_bar=false"])
   entropy = _held_out_entropy(cfg)
-  result = loop.run(cfg, str(tmp_path))
+  result = run_training(cfg, str(tmp_path), data="pipeline", optimize=True, timeout=590)
   assert result["eval_loss"] < entropy - 1.0, (result["eval_loss"], entropy)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+from fast_compile import FLAGS as FAST_COMPILE_FLAGS
 from t5like.config import Config, ModelConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,18 +41,21 @@ def tiny_config(family: str = "decllm", *, prefix: bool = False, steps: int = 20
   return cfg.validate()
 
 
-def subprocess_env(devices: int = 1, **extra: str) -> dict[str, str]:
+def subprocess_env(devices: int = 1, *, optimize: bool = False, **extra: str) -> dict[str, str]:
+  """The environment of a test subprocess: ``devices`` fake CPU devices; ``optimize`` drops the
+  suite's fast-compile flags (tests/conftest.py) for runs of many steps."""
   env = dict(os.environ)
   env["JAX_PLATFORMS"] = "cpu"
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
+  drop = ("--xla_force_host_platform_device_count",) + (
+      tuple(f.split("=")[0] for f in FAST_COMPILE_FLAGS) if optimize else ())
+  flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(drop)]
   if devices > 1:
     flags.append(f"--xla_force_host_platform_device_count={devices}")
-  # Faster XLA:CPU compilation (compile time dominates these tiny runs; same flags in every
-  # subprocess, so runs that are compared with each other execute the same code).
-  flags += ["--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"]
+  # The rest of XLA_FLAGS as the test process has them (tests/conftest.py: fast compilation),
+  # so runs compared with each other execute the same code.
   env["XLA_FLAGS"] = " ".join(flags)
   env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.dirname(RUNNER),
+                                       os.path.dirname(os.path.dirname(RUNNER)),  # tests/
                                        env.get("PYTHONPATH", "")])
   env["TF_CPP_MIN_LOG_LEVEL"] = "3"
   env.update(extra)
@@ -68,6 +72,18 @@ def run_script(code: str, *, devices: int = 1, timeout: float = 300,
     raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
                          f"{proc.stderr[-6000:]}")
   return proc
+
+
+def run_training(cfg: Config, workdir: str, *, optimize: bool = False, timeout: float = 500,
+                 **options) -> dict:
+  """Trains ``cfg`` in a train_runner.py subprocess; returns its ``run()`` result."""
+  proc = subprocess.run(runner_command(cfg, workdir, **options), cwd=REPO, capture_output=True,
+                        text=True, env=subprocess_env(optimize=optimize), timeout=timeout)
+  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+  if proc.returncode != 0 or not lines:
+    raise AssertionError(f"training subprocess failed ({proc.returncode}):\n"
+                         f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+  return json.loads(lines[-1][len("RESULT "):])
 
 
 def runner_command(cfg: Config, workdir: str, **options) -> list[str]:

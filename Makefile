@@ -21,9 +21,9 @@ demo: $(STAMP)
 	$(PY) -m t5like.demo
 
 # Two pytest workers (pytest-xdist): most of a test's time is single-threaded XLA compilation.
-# --dist loadgroup: tests sharing a module-scoped fixture stay on one worker (tests/conftest.py).
+# --dist loadscope: a module stays on one worker, so its module-scoped fixtures run once.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadscope $(PYTEST_ARGS)
 
 # Longer end-to-end checks (marked `slow`), excluded from `make test`.
 test-slow: $(STAMP)

@@ -154,7 +154,6 @@ def test_validation_reads_each_task_once_and_pads_the_last_batch(make_cfg, redpa
   assert all((last[k][empty] == 0).all() for k in last)
 
 
-
 def test_held_out_pipeline_is_built_once_and_every_eval_reads_it_from_the_start(
     make_cfg, redpajama_root, monkeypatch):
   from t5like.training.data import PipelineData
@@ -174,6 +173,7 @@ def test_held_out_pipeline_is_built_once_and_every_eval_reads_it_from_the_start(
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
   data.eval(2, 0, 1).close()  # Another batch size is another pipeline.
   assert len(builds) == 2
+
 
 @pytest.mark.slow
 def test_interpreter_exits_with_a_live_iterator(redpajama_root, spm_path):

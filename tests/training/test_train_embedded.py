@@ -41,7 +41,7 @@ def test_loss_falls_well_below_unigram_entropy(name, steps, tmp_path):
   entropy = _held_out_entropy(cfg)
   assert 6.0 < entropy < 8.0  # ~6.8 nats for the 8k SentencePiece vocab on this corpus.
   # A few hundred steps: run with XLA's default optimisation (~3x faster steps than the suite's
-  # fast-compile flags; tests/conftest.py).
+  # fast-compile flags; tests/fast_compile.py).
   result = run_training(cfg, str(tmp_path), data="pipeline", optimize=True)
   first_loss = read_metrics(str(tmp_path))[0]["loss"]
   assert first_loss > entropy  # It starts above the unigram baseline (random init)...

@@ -43,7 +43,7 @@ def tiny_config(family: str = "decllm", *, prefix: bool = False, steps: int = 20
 
 def subprocess_env(devices: int = 1, *, optimize: bool = False, **extra: str) -> dict[str, str]:
   """The environment of a test subprocess: ``devices`` fake CPU devices; ``optimize`` drops the
-  suite's fast-compile flags (tests/conftest.py) for runs of many steps."""
+  suite's fast-compile flags (tests/fast_compile.py) for runs of many steps."""
   env = dict(os.environ)
   env["JAX_PLATFORMS"] = "cpu"
   drop = ("--xla_force_host_platform_device_count",) + (
@@ -51,7 +51,7 @@ def subprocess_env(devices: int = 1, *, optimize: bool = False, **extra: str) ->
   flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(drop)]
   if devices > 1:
     flags.append(f"--xla_force_host_platform_device_count={devices}")
-  # The rest of XLA_FLAGS as the test process has them (tests/conftest.py: fast compilation),
+  # The rest of XLA_FLAGS as the test process has them (tests/fast_compile.py),
   # so runs compared with each other execute the same code.
   env["XLA_FLAGS"] = " ".join(flags)
   env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.dirname(RUNNER),

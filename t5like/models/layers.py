@@ -61,11 +61,14 @@ def project(x: jax.Array, w: jax.Array, n_contract: int = 1) -> jax.Array:
 def matmul_2d(a: jax.Array, b: jax.Array, b_contract: int, out_dtype) -> jax.Array:
   """``a [M, K]`` times ``b [K, N]`` (``b_contract=0``) or ``b [N, K]`` (``1``) -> ``[M, N]``.
 
-  Low-precision operands on CPU go through ``_cpu_lowp_matmul``; everything else is one
-  ``dot_general`` (accumulating in float32 for low precision)."""
+  On CPU, low-precision operands go through ``_cpu_lowp_matmul`` and float32 ``a b^T`` through
+  ``_cpu_nt_matmul``; everything else is one ``dot_general`` (accumulating in float32 for low
+  precision)."""
   low = a.dtype in (jnp.bfloat16, jnp.float16)
   if low and on_cpu():
     return _cpu_lowp_matmul(a, b, b_contract, jnp.dtype(out_dtype))
+  if b_contract == 1 and on_cpu():  # float32 ``a b^T``: the tied-embedding logits.
+    return _cpu_nt_matmul(a, b).astype(out_dtype)
   acc = jnp.float32 if low else None
   y = jax.lax.dot_general(a, b, (((1,), (b_contract,)), ((), ())), preferred_element_type=acc)
   return y.astype(out_dtype)
@@ -107,6 +110,29 @@ def _lowp_bwd(b_contract, out_dtype, res, g_mn):
 
 
 _cpu_lowp_matmul.defvjp(_lowp_fwd, _lowp_bwd)
+
+
+@jax.custom_vjp
+def _cpu_nt_matmul(a_mk, b_nk):
+  """float32 ``a [M, K] b [N, K]^T`` for XLA:CPU (the logits against the ``[vocab, embed]``
+  table), whose gradient for ``b`` is computed as ``(a^T g)^T`` with both transposes
+  materialised: XLA:CPU runs the default ``g^T a`` (both operands contracted on their first
+  axis) at 40-50 GFLOP/s when K = 128 and N = 8,192, this form at 80-100 (2x; 1.35x at K = 512)."""
+  return _dot(a_mk, b_nk, 1, 1)
+
+
+def _nt_fwd(a_mk, b_nk):
+  return _cpu_nt_matmul(a_mk, b_nk), (a_mk, b_nk)
+
+
+def _nt_bwd(res, g_mn):
+  a_mk, b_nk = res
+  da_mk = _dot(g_mn, b_nk, 1, 0)
+  db_nk = _transposed(_dot(_transposed(a_mk), g_mn, 1, 0))
+  return da_mk.astype(a_mk.dtype), db_nk.astype(b_nk.dtype)
+
+
+_cpu_nt_matmul.defvjp(_nt_fwd, _nt_bwd)
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:

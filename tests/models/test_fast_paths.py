@@ -1,7 +1,7 @@
 """The rewritten hot paths equal the forms they replaced (benchmarks/step_breakdown.py says why
 they were rewritten): 2-D projections vs the einsums, the additive mask bias vs masking scores and
-probabilities — forward and gradients, float32 to reordering tolerance, bfloat16 within 2e-2 of
-the float32 result's scale."""
+probabilities, the float32 logits matmul vs the plain dot — forward and gradients, float32 to
+reordering tolerance, bfloat16 within 2e-2 of the float32 result's scale."""
 from __future__ import annotations
 
 import jax
@@ -12,7 +12,7 @@ import pytest
 from numerics import assert_close_to_scale
 from t5like.models import masks
 from t5like.models.attention import NEG_INF, attention_weights
-from t5like.models.layers import project
+from t5like.models.layers import matmul_2d, project
 
 
 def _where_weights(q, k, mask):
@@ -61,3 +61,18 @@ def test_mask_bias_equals_masking_scores_and_probabilities(kind, mixed):
   np.testing.assert_array_equal(np.asarray(new) > 0, np.asarray(mask & jnp.ones_like(new, bool)))
   for got, want in zip(new_vjp(cot), old_vjp(cot)):
     assert_close_to_scale(got, want)
+
+
+def test_cpu_logits_matmul_equals_the_plain_dot():
+  """float32 ``a b^T`` (the tied logits) with its hand-written gradient: forward and both
+  gradients equal autodiff of the einsum."""
+  r = jax.random.split(jax.random.key(2), 3)
+  a = jax.random.normal(r[0], (6, 16))
+  b = jax.random.normal(r[1], (40, 16))
+  cot = jax.random.normal(r[2], (6, 40))
+  out, vjp = jax.vjp(lambda x, w: matmul_2d(x, w, 1, jnp.float32), a, b)
+  ref, ref_vjp = jax.vjp(lambda x, w: jnp.einsum("mk,nk->mn", x, w), a, b)
+  assert_close_to_scale(out, ref, 1e-5)
+  for got, want in zip(vjp(cot), ref_vjp(cot)):
+    assert got.shape == want.shape
+    assert_close_to_scale(got, want, 1e-5)

@@ -172,8 +172,10 @@ class Trainer:
           peak_flops_total=self.peak_total, num_devices=self.setup.mesh.size)
       self.writer.write(step, self.last_logged)
       self.stats.reset_clock()
-    self.writer.progress(step, {"loss": self.last_logged.get("loss", m["loss"]),
-                                "tok/s": self.last_logged.get("tokens_per_sec", 0.0)})
+    postfix = {"loss": self.last_logged.get("loss", m["loss"])}
+    if "tokens_per_sec" in self.last_logged:  # Measured at the first log step, not before.
+      postfix["tok/s"] = self.last_logged["tokens_per_sec"]
+    self.writer.progress(step, postfix)
 
   # ---- the loop --------------------------------------------------------------------------------
   def train(self, preemption) -> dict[str, Any]:

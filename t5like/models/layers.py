@@ -78,6 +78,10 @@ def _dot(a, b, ca, cb):
   return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), preferred_element_type=jnp.float32)
 
 
+def _dot_same(a, b, ca, cb):
+  return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())))
+
+
 def _transposed(a: jax.Array) -> jax.Array:
   """``a.T`` materialised row-major (a plain transpose is folded into the dot as a layout, which
   XLA:CPU's bf16 matmul then runs on its slow path)."""
@@ -117,8 +121,9 @@ def _cpu_nt_matmul(a_mk, b_nk):
   """float32 ``a [M, K] b [N, K]^T`` for XLA:CPU (the logits against the ``[vocab, embed]``
   table), whose gradient for ``b`` is computed as ``(a^T g)^T`` with both transposes
   materialised: XLA:CPU runs the default ``g^T a`` (both operands contracted on their first
-  axis) at 40-50 GFLOP/s when K = 128 and N = 8,192, this form at 80-100 (2x; 1.35x at K = 512)."""
-  return _dot(a_mk, b_nk, 1, 1)
+  axis) at 40-50 GFLOP/s when K = 128 and N = 8,192, this form at 80-100 (2x; 1.35x at K = 512).
+  Results keep the operands' dtype (float64 under x64 stays float64)."""
+  return _dot_same(a_mk, b_nk, 1, 1)
 
 
 def _nt_fwd(a_mk, b_nk):
@@ -127,8 +132,8 @@ def _nt_fwd(a_mk, b_nk):
 
 def _nt_bwd(res, g_mn):
   a_mk, b_nk = res
-  da_mk = _dot(g_mn, b_nk, 1, 0)
-  db_nk = _transposed(_dot(_transposed(a_mk), g_mn, 1, 0))
+  da_mk = _dot_same(g_mn, b_nk, 1, 0)
+  db_nk = _transposed(_dot_same(_transposed(a_mk), g_mn, 1, 0))
   return da_mk.astype(a_mk.dtype), db_nk.astype(b_nk.dtype)
 
 

@@ -76,3 +76,12 @@ def test_cpu_logits_matmul_equals_the_plain_dot():
   for got, want in zip(vjp(cot), ref_vjp(cot)):
     assert got.shape == want.shape
     assert_close_to_scale(got, want, 1e-5)
+
+
+def test_cpu_logits_matmul_keeps_float64():
+  with jax.enable_x64(True):
+    a = jnp.ones((3, 4), jnp.float64) / 3
+    b = jnp.ones((5, 4), jnp.float64)
+    out, vjp = jax.vjp(lambda x, w: matmul_2d(x, w, 1, jnp.float64), a, b)
+    assert out.dtype == jnp.float64 and abs(float(out[0, 0]) - 4 / 3) < 1e-14  # f32: ~1e-7.
+    assert all(g.dtype == jnp.float64 for g in vjp(jnp.ones_like(out)))

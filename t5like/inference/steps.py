@@ -12,7 +12,9 @@ wiring below is the blocks' ``__call__`` without it.
   cache slots (mixed attention only changes bidirectional pairs, which a generated token is
   never part of). Its layers run unrolled over per-layer parameter copies made once per
   ``generate`` call (``unstack``): slicing the stacked ``[layers, ...]`` weights inside every
-  step would copy all weights once per token, which on XLA:CPU doubles the step time.
+  step would copy all weights once per token, which on XLA:CPU doubles the step time. On CPU
+  those copies hold the dense kernels transposed (``TransposedKernel``), the layout XLA:CPU's
+  few-row products stream fastest.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from t5like.inference.cache import KVCache
 from t5like.models.attention import dot_product_attention
 from t5like.models.blocks import SelfContext, layer_mask
 from t5like.models.decllm import self_context
-from t5like.models.layers import constrain
+from t5like.models.layers import constrain, on_cpu, transpose_kernel
 from t5like.models.stack import LayerStack
 
 
@@ -58,11 +60,24 @@ def run_layers(stack: LayerStack, body: Callable, carry: Any, xs: Any = None):
   return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys)
 
 
-def unstack(stack: LayerStack) -> list[nnx.Module]:
-  """One layer module per layer, on its own copy of that layer's parameters (see module doc)."""
+def unstack(stack: LayerStack, transpose: bool | None = None) -> list[nnx.Module]:
+  """One layer module per layer, on its own copy of that layer's parameters (see module doc).
+
+  With ``transpose`` (default: on CPU) the copies of the dense kernels are ``TransposedKernel``s
+  (``[out, in]``, the layout XLA:CPU's few-row products read fastest:
+  ``benchmarks/decode_layout.py``); otherwise they keep the training layout.
+  """
   graphdef, params = nnx.split(stack.layers)
-  return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params))
-          for i in range(stack.num_layers)]
+  layers = [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params))
+            for i in range(stack.num_layers)]
+  transpose = on_cpu() if transpose is None else transpose
+  if transpose:
+    for layer in layers:
+      for _, module in nnx.iter_modules(layer):
+        for name, n_contract in getattr(module, "KERNELS", {}).items():
+          var = getattr(module, name)
+          var.set_value(transpose_kernel(var.get_value(), n_contract))
+  return layers
 
 
 def _logits(model, norm, x_b1d) -> jax.Array:

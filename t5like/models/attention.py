@@ -12,7 +12,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t5like.config.model import ModelConfig
-from t5like.models.layers import constrain, dropout, dtype, fan_in_init, fold, param, project
+from t5like.models.layers import (constrain, dropout, dtype, fan_in_init, fold, kernel, param,
+                                  project)
 from t5like.models.masks import MaskSpec
 from t5like.models.norms import RMSNorm
 from t5like.models.rotary import apply_rope
@@ -28,6 +29,7 @@ NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)  # Finite, so fully-masked ro
 
 
 class Attention(nnx.Module):
+  KERNELS = {"wq": 1, "wk": 1, "wv": 1, "wo": 2}  # Kernel -> its contracted (leading) axes.
 
   def __init__(self, cfg: ModelConfig, *, use_rope: bool = True, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -58,9 +60,9 @@ class Attention(nnx.Module):
     cfg = self.cfg
     dt = dtype(cfg.dtype)
     xq, xkv = x_q_btd.astype(dt), x_kv_bsd.astype(dt)
-    q_bthk = project(xq, self.wq[...].astype(dt))  # btd,dhk->bthk
-    k_bsgk = project(xkv, self.wk[...].astype(dt))  # bsd,dgk->bsgk
-    v_bsgk = project(xkv, self.wv[...].astype(dt))
+    q_bthk = project(xq, kernel(self.wq, dt))  # btd,dhk->bthk
+    k_bsgk = project(xkv, kernel(self.wk, dt))  # bsd,dgk->bsgk
+    v_bsgk = project(xkv, kernel(self.wv, dt))
     if cfg.qkv_norm:
       q_bthk, k_bsgk, v_bsgk = self.q_norm(q_bthk), self.k_norm(k_bsgk), self.v_norm(v_bsgk)
     if self.use_rope:
@@ -78,7 +80,7 @@ class Attention(nnx.Module):
       out_bthk = self.out_norm(out_bthk)
     out_bthk = checkpoint_name(constrain(out_bthk, ("batch", "length", "heads", "kv")),
                                "attention_out")
-    return project(out_bthk, self.wo[...].astype(dtype(cfg.dtype)), 2)  # bthk,hkd->btd
+    return project(out_bthk, kernel(self.wo, dtype(cfg.dtype)), 2)  # bthk,hkd->btd
 
   def __call__(self, x_q_btd: jax.Array, x_kv_bsd: jax.Array, q_pos_bt: jax.Array,
                kv_pos_bs: jax.Array, mask_bhts: jax.Array | MaskSpec, *,

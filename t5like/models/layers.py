@@ -1,6 +1,7 @@
 """Small shared helpers: parameters with logical axes, activation constraints, dropout, dtypes."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Callable, Sequence
@@ -41,20 +42,56 @@ def on_cpu() -> bool:
   return jax.default_backend() == "cpu"
 
 
-def project(x: jax.Array, w: jax.Array, n_contract: int = 1) -> jax.Array:
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TransposedKernel:
+  """A kernel ``w [*contract, *out]`` stored as the 2-D ``[prod(out), prod(contract)]``, which
+  ``project`` contracts on its last axis.
+
+  The decode step's layout on XLA:CPU: its weight products have 8 rows or fewer and read every
+  weight once per token, and XLA:CPU streams a row-major ``[N, K]`` operand contracted on its
+  last axis faster than ``[K, N]`` contracted on its first (1.2x on the weight products of the
+  small models' steps, ``benchmarks/decode_layout.py``). Made once per ``generate`` call.
+  """
+  w_nk: jax.Array  # [prod(out), prod(contract)].
+  shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))  # [*contract, *out].
+  n_contract: int = dataclasses.field(metadata=dict(static=True))  # len(contract).
+
+  def astype(self, dt) -> "TransposedKernel":
+    return dataclasses.replace(self, w_nk=self.w_nk.astype(dt))
+
+
+def transpose_kernel(w: jax.Array, n_contract: int) -> TransposedKernel:
+  """``w [*contract, *out]`` (its first ``n_contract`` axes contracted) as a TransposedKernel."""
+  k = math.prod(w.shape[:n_contract])
+  return TransposedKernel(w.reshape(k, -1).T, tuple(w.shape), n_contract)
+
+
+def kernel(var: nnx.Variable, dt) -> jax.Array | TransposedKernel:
+  """A kernel parameter's value in the compute dtype, for ``project`` (either layout)."""
+  return var.get_value().astype(dt)
+
+
+def project(x: jax.Array, w: jax.Array | TransposedKernel, n_contract: int = 1) -> jax.Array:
   """``x [..., *c] @ w [*c, *o] -> [..., *o]`` (the last ``n_contract`` axes of ``x`` against the
   first of ``w``) as one 2-D matmul ``[N, K] x [K, M]``.
 
   Same contraction as the einsum, written so XLA:CPU takes its fast matmul path forward and
   backward: with [batch, length, ...] operands the weight gradient contracts over two axes and
   the SwiGLU MLP ran ~1.7x slower (``benchmarks/step_breakdown.py``). The reshapes merge the
-  major axes only, so sharded batch/heads axes stay sharded.
+  major axes only, so sharded batch/heads axes stay sharded. A ``TransposedKernel`` (the decode
+  step's weights) is the same contraction against the stored ``[M, K]``.
   """
+  shape = w.shape
   lead, contract, out = x.shape[:x.ndim - n_contract], x.shape[x.ndim - n_contract:], \
-      w.shape[n_contract:]
+      shape[n_contract:]
   k = math.prod(contract)
-  assert tuple(w.shape[:n_contract]) == tuple(contract), (x.shape, w.shape)
-  y = matmul_2d(x.reshape(-1, k), w.reshape(k, -1), 0, x.dtype)
+  assert tuple(shape[:n_contract]) == tuple(contract), (x.shape, shape)
+  if isinstance(w, TransposedKernel):
+    assert w.n_contract == n_contract, (w.n_contract, n_contract)
+    y = matmul_2d(x.reshape(-1, k), w.w_nk, 1, x.dtype)
+  else:
+    y = matmul_2d(x.reshape(-1, k), w.reshape(k, -1), 0, x.dtype)
   return y.reshape(*lead, *out)
 
 
@@ -67,7 +104,7 @@ def matmul_2d(a: jax.Array, b: jax.Array, b_contract: int, out_dtype) -> jax.Arr
   low = a.dtype in (jnp.bfloat16, jnp.float16)
   if low and on_cpu():
     return _cpu_lowp_matmul(a, b, b_contract, jnp.dtype(out_dtype))
-  if b_contract == 1 and on_cpu():  # float32 ``a b^T``: the tied-embedding logits.
+  if b_contract == 1 and on_cpu():  # float32 ``a b^T``: the logits, TransposedKernel products.
     return _cpu_nt_matmul(a, b).astype(out_dtype)
   acc = jnp.float32 if low else None
   y = jax.lax.dot_general(a, b, (((1,), (b_contract,)), ((), ())), preferred_element_type=acc)

@@ -6,10 +6,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t5like.config.model import ModelConfig
-from t5like.models.layers import constrain, dropout, dtype, fan_in_init, fold, param, project
+from t5like.models.layers import (constrain, dropout, dtype, fan_in_init, fold, kernel, param,
+                                  project)
 
 
 class SwiGLU(nnx.Module):
+  KERNELS = {"wi_gate": 1, "wi_up": 1, "wo": 1}  # Kernel -> its contracted (leading) axes.
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     d, f = cfg.d_model, cfg.d_ff
@@ -21,8 +23,8 @@ class SwiGLU(nnx.Module):
   def __call__(self, x_btd: jax.Array, *, rng: jax.Array | None = None) -> jax.Array:
     dt = dtype(self.cfg.dtype)
     x = x_btd.astype(dt)
-    gate_btf = project(x, self.wi_gate[...].astype(dt))
-    up_btf = project(x, self.wi_up[...].astype(dt))
+    gate_btf = project(x, kernel(self.wi_gate, dt))
+    up_btf = project(x, kernel(self.wi_up, dt))
     h_btf = constrain(jax.nn.silu(gate_btf) * up_btf, ("batch", "length", "mlp"))
     h_btf = dropout(h_btf, self.cfg.dropout_rate, fold(rng, 0))
-    return project(h_btf, self.wo[...].astype(dt))
+    return project(h_btf, kernel(self.wo, dt))

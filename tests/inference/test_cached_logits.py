@@ -16,7 +16,9 @@ from flax import nnx
 from helpers import tiny_model
 from numerics import assert_close_to_scale
 from t5like.inference import generation as gen
+from t5like.inference import steps
 from t5like.inference.sampling import SamplingConfig
+from t5like.models.layers import TransposedKernel
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], [30]]
 FORCED = np.asarray([[40, 41, 42, 43], [50, 51, 52, 53], [60, 61, 62, 63]], np.int32)
@@ -99,3 +101,23 @@ def test_prefix_prompt_is_bidirectional():
   a = cached_logits(prefix, PROMPTS[:2], FORCED[:2, :1])
   b = cached_logits(causal, PROMPTS[:2], FORCED[:2, :1])
   assert np.max(np.abs(a - b)) > 1e-3 * np.max(np.abs(b))
+
+
+def test_decode_layers_hold_transposed_copies_of_every_kernel():
+  """On CPU the decode step's per-layer copies store each dense kernel [out, in] (the layout the
+  cached-logits test above runs through), with the same numbers as the stacked parameters."""
+  model = tiny_model("redllm", seed=2, num_kv_heads=2)
+  layers = steps.unstack(model.decoder)
+  stacked = model.decoder.layers
+  seen = 0
+  for i, layer in enumerate(layers):
+    for name in ("self_attention", "cross_attention", "mlp"):
+      module, stacked_module = getattr(layer, name), getattr(stacked, name)
+      for kname, n in type(module).KERNELS.items():
+        got = getattr(module, kname).get_value()
+        want = np.asarray(getattr(stacked_module, kname).get_value()[i])
+        assert isinstance(got, TransposedKernel) and got.n_contract == n
+        np.testing.assert_array_equal(
+            np.asarray(got.w_nk), want.reshape(int(np.prod(want.shape[:n])), -1).T)
+        seen += 1
+  assert seen == len(layers) * (4 + 4 + 3)

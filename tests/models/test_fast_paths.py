@@ -12,7 +12,7 @@ import pytest
 from numerics import assert_close_to_scale
 from t5like.models import masks
 from t5like.models.attention import NEG_INF, attention_weights
-from t5like.models.layers import matmul_2d, project
+from t5like.models.layers import matmul_2d, project, transpose_kernel
 
 
 def _where_weights(q, k, mask):
@@ -41,6 +41,24 @@ def test_project_equals_the_einsum(spec, n, dtype, rel):
   assert_close_to_scale(out, ref_out, rel)
   for got, want in zip(vjp(cot.astype(dt)), ref_vjp(cot)):
     assert_close_to_scale(got, want, rel)
+
+
+@pytest.mark.parametrize("spec, n", [("btd,dhk->bthk", 1), ("bthk,hkd->btd", 2),
+                                     ("btd,df->btf", 1)])
+@pytest.mark.parametrize("dtype, rel", [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_project_with_a_transposed_kernel_equals_the_einsum(spec, n, dtype, rel):
+  """The decode step's ``TransposedKernel`` ([out, in] storage) is the same contraction."""
+  r = jax.random.split(jax.random.key(3), 2)
+  shapes = {"btd,dhk->bthk": ((8, 1, 16), (16, 4, 8)), "bthk,hkd->btd": ((8, 1, 4, 8), (4, 8, 16)),
+            "btd,df->btf": ((8, 1, 16), (16, 24))}[spec]
+  x = jax.random.normal(r[0], shapes[0])
+  w = jax.random.normal(r[1], shapes[1])
+  dt = jnp.dtype(dtype)
+  kernel = transpose_kernel(w, n).astype(dt)
+  assert kernel.w_nk.shape == (np.prod(shapes[1][n:]), np.prod(shapes[1][:n]))
+  out = jax.jit(lambda a, b: project(a, b, n))(x.astype(dt), kernel)
+  assert out.dtype == dt
+  assert_close_to_scale(out, jnp.einsum(spec, x, w), rel)
 
 
 @pytest.mark.parametrize("kind, mixed", [("causal", "none"), ("prefix", "none"),

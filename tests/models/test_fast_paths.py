@@ -25,15 +25,20 @@ def _where_weights(q, k, mask):
   return jnp.where(mask, jax.nn.softmax(s, axis=-1), 0.0)
 
 
-@pytest.mark.parametrize("spec, n", [("btd,dhk->bthk", 1), ("bthk,hkd->btd", 2),
-                                     ("btd,df->btf", 1)])
-@pytest.mark.parametrize("dtype, rel", [("float32", 1e-5), ("bfloat16", 2e-2)])
-def test_project_equals_the_einsum(spec, n, dtype, rel):
+# einsum -> (contracted axes of the weight, x shape, w shape); x is [batch, length, ...].
+PROJECTIONS = {"btd,dhk->bthk": (1, (3, 5, 16), (16, 4, 8)),
+               "bthk,hkd->btd": (2, (3, 5, 4, 8), (4, 8, 16)),
+               "btd,df->btf": (1, (3, 5, 16), (16, 24))}
+DTYPES = [("float32", 1e-5), ("bfloat16", 2e-2)]  # Compute dtype, tolerance (of scale).
+
+
+@pytest.mark.parametrize("spec", list(PROJECTIONS))
+@pytest.mark.parametrize("dtype, rel", DTYPES)
+def test_project_equals_the_einsum(spec, dtype, rel):
+  n, x_shape, w_shape = PROJECTIONS[spec]
   r = jax.random.split(jax.random.key(0), 3)
-  shapes = {"btd,dhk->bthk": ((3, 5, 16), (16, 4, 8)), "bthk,hkd->btd": ((3, 5, 4, 8), (4, 8, 16)),
-            "btd,df->btf": ((3, 5, 16), (16, 24))}[spec]
-  x = jax.random.normal(r[0], shapes[0])
-  w = jax.random.normal(r[1], shapes[1])
+  x = jax.random.normal(r[0], x_shape)
+  w = jax.random.normal(r[1], w_shape)
   cot = jax.random.normal(r[2], jnp.einsum(spec, x, w).shape)
   ref_out, ref_vjp = jax.vjp(lambda a, b: jnp.einsum(spec, a, b), x, w)  # float32 reference
   dt = jnp.dtype(dtype)
@@ -43,19 +48,19 @@ def test_project_equals_the_einsum(spec, n, dtype, rel):
     assert_close_to_scale(got, want, rel)
 
 
-@pytest.mark.parametrize("spec, n", [("btd,dhk->bthk", 1), ("bthk,hkd->btd", 2),
-                                     ("btd,df->btf", 1)])
-@pytest.mark.parametrize("dtype, rel", [("float32", 1e-5), ("bfloat16", 2e-2)])
-def test_project_with_a_transposed_kernel_equals_the_einsum(spec, n, dtype, rel):
-  """The decode step's ``TransposedKernel`` ([out, in] storage) is the same contraction."""
+@pytest.mark.parametrize("spec", list(PROJECTIONS))
+@pytest.mark.parametrize("dtype, rel", DTYPES)
+def test_project_with_a_transposed_kernel_equals_the_einsum(spec, dtype, rel):
+  """The decode step's ``TransposedKernel`` ([out, in] storage) is the same contraction, here
+  with one token per row as in a decode step."""
+  n, x_shape, w_shape = PROJECTIONS[spec]
+  x_shape = (8, 1) + x_shape[2:]
   r = jax.random.split(jax.random.key(3), 2)
-  shapes = {"btd,dhk->bthk": ((8, 1, 16), (16, 4, 8)), "bthk,hkd->btd": ((8, 1, 4, 8), (4, 8, 16)),
-            "btd,df->btf": ((8, 1, 16), (16, 24))}[spec]
-  x = jax.random.normal(r[0], shapes[0])
-  w = jax.random.normal(r[1], shapes[1])
+  x = jax.random.normal(r[0], x_shape)
+  w = jax.random.normal(r[1], w_shape)
   dt = jnp.dtype(dtype)
   kernel = transpose_kernel(w, n).astype(dt)
-  assert kernel.w_nk.shape == (np.prod(shapes[1][n:]), np.prod(shapes[1][:n]))
+  assert kernel.w_nk.shape == (np.prod(w_shape[n:]), np.prod(w_shape[:n]))
   out = jax.jit(lambda a, b: project(a, b, n))(x.astype(dt), kernel)
   assert out.dtype == dt
   assert_close_to_scale(out, jnp.einsum(spec, x, w), rel)

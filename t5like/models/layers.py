@@ -48,10 +48,10 @@ class TransposedKernel:
   """A kernel ``w [*contract, *out]`` stored as the 2-D ``[prod(out), prod(contract)]``, which
   ``project`` contracts on its last axis.
 
-  The decode step's layout on XLA:CPU: its weight products have 8 rows or fewer and read every
-  weight once per token, and XLA:CPU streams a row-major ``[N, K]`` operand contracted on its
-  last axis faster than ``[K, N]`` contracted on its first (1.2x on the weight products of the
-  small models' steps, ``benchmarks/decode_layout.py``). Made once per ``generate`` call.
+  The decode step's layout on XLA:CPU: its weight products have one row per sequence and read
+  every weight once per token, and XLA:CPU streams a row-major ``[N, K]`` operand contracted on
+  its last axis faster than ``[K, N]`` contracted on its first (the small DecLLM's decode step
+  ~1.1x faster, ``benchmarks/decode_layout.py``). Made once per ``generate`` call.
   """
   w_nk: jax.Array  # [prod(out), prod(contract)].
   shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))  # [*contract, *out].

@@ -177,12 +177,14 @@ def test_held_out_pipeline_is_built_once_and_every_eval_reads_it_from_the_start(
 
 @pytest.mark.slow
 def test_interpreter_exits_with_a_live_iterator(redpajama_root, spm_path):
+  from t5like.data import vocab
   code = textwrap.dedent(f"""
       from t5like.config import Config, apply_overrides
       from t5like.data import pipeline
       cfg = Config()
       apply_overrides(cfg, ["data.mixture=redpajama_v1", "data.data_dir={redpajama_root[0]}",
                             "data.vocab_path={spm_path}", "data.sequence_length=32",
+                            "model.vocab_size={vocab.vocab_size(spm_path)}",
                             'data.mixture_rates={ONLY_3}'])
       it = pipeline.make_iterator(cfg.validate(), batch_size=2)
       next(it)

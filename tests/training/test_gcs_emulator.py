@@ -51,9 +51,19 @@ def gcs(monkeypatch):
       monkeypatch.setenv(k, v)
     import fsspec
     monkeypatch.setitem(fsspec.config.conf, "gs", {"use_listings_cache": False})
+    _forget_epath_backend()
     yield env
   finally:
     server.stop()
+    _forget_epath_backend()  # Later tests get the default (tf.io.gfile) back.
+
+
+def _forget_epath_backend() -> None:
+  """epath reads ``EPATH_USE_TF`` once per process (a cached check): a ``gs://`` path touched by
+  an earlier test in this process would keep this test's own polling on ``tf.io.gfile``, which
+  goes to the real GCS instead of the emulator."""
+  from etils.epath import gpath
+  gpath._is_tf_installed.cache_clear()
 
 
 def _train_cmd(workdir: str) -> list[str]:

@@ -38,10 +38,11 @@ from t5like.models import build_model  # noqa: E402
 def decode_loop(family: str, batch: int, prompt: int, new: int, transpose: bool):
   """A jitted fn(params, tokens, lens, n) running the prefill, then ``n`` greedy decode steps
   over layers unstacked with (or without) transposed kernels; returns the last tokens."""
-  model = build_model(small_model_config(family, "float32"), nnx.Rngs(0))
+  cfg = small_model_config(family, "float32")
+  model = build_model(cfg, nnx.Rngs(0))
   graphdef, params = nnx.graphdef(model), nnx.to_pure_dict(nnx.state(model))
   rng = np.random.RandomState(0)
-  prompts = [rng.randint(2, 8192, size=prompt).tolist() for _ in range(batch)]
+  prompts = [rng.randint(2, cfg.vocab_size, size=prompt).tolist() for _ in range(batch)]
   tokens, lens = gen._pad_inputs(prompts, family, batch)
   p = tokens.shape[1]
 
@@ -57,7 +58,7 @@ def decode_loop(family: str, batch: int, prompt: int, new: int, transpose: bool)
       step = lambda y, t, c: steps.decllm_decode(mdl, layers, y, lens_b + t, p + t, c)  # noqa
     else:
       cross, cache = steps.redllm_prefill(mdl, tokens_bp, new + 1)
-      logits = jnp.zeros((batch, 8192))
+      logits = jnp.zeros((batch, cfg.vocab_size))  # First decoder input: BOS (argmax 0).
       step = lambda y, t, c: steps.redllm_decode(mdl, layers, y, cross.enc_len_b + t, t, c,  # noqa
                                                  cross)
 

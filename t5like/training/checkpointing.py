@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -96,7 +97,14 @@ _CORRUPT = ("DATA_LOSS", "NOT_FOUND", "No such file", "does not exist", "is miss
             "Malformed")
 # Errors of the storage, not of the files: retried with backoff.
 _TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "Connection reset",
-              "Connection refused", "timed out", "Temporary failure", "503", "429")
+              "Connection refused", "timed out", "Temporary failure", "Too Many Requests",
+              "Service Unavailable")
+# HTTP retry codes count only where a message says they are HTTP codes: a bare "429" also
+# occurs in step numbers and in the random OCDBT uuid that Orbax prints with every read error.
+_HTTP_RETRY = re.compile(r"(?i)\b(?:HTTP|response|status)\b\D{0,24}\b(?:408|429|500|502|503|504)\b")
+# Not searched, being data rather than a diagnosis: the whole TensorStore spec (paths, uuid,
+# codec settings) that Orbax appends to a read error, and TensorStore's double-quoted names.
+_DATA = re.compile(r"See full TensorStore details:.*|\"[^\"\n]*\"", re.S)
 
 
 def classify(error: BaseException) -> str:
@@ -105,11 +113,14 @@ def classify(error: BaseException) -> str:
   while e is not None and len(chain) < 8:  # Orbax wraps TensorStore's status in its own errors.
     chain.append(e)
     e = e.__cause__ or e.__context__
-  text = " | ".join(f"{type(x).__name__}: {x}" for x in chain)
-  error = chain[-1] if any(t in f"{chain[-1]}" for t in _CORRUPT + _TRANSIENT) else error
+  messages = [_DATA.sub("", str(x)) for x in chain]
+  text = " | ".join(f"{type(x).__name__}: {m}" for x, m in zip(chain, messages))
+  if any(t in messages[-1] for t in _CORRUPT + _TRANSIENT) or _HTTP_RETRY.search(messages[-1]):
+    error = chain[-1]
   if "RESOURCE_EXHAUSTED" in text or isinstance(error, MemoryError):
     return "fatal"  # Out of memory on this mesh: not the checkpoint's fault.
-  if isinstance(error, (TimeoutError, ConnectionError)) or any(t in text for t in _TRANSIENT):
+  if (isinstance(error, (TimeoutError, ConnectionError)) or any(t in text for t in _TRANSIENT)
+      or _HTTP_RETRY.search(text)):
     return "transient"
   if isinstance(error, (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError)):
     return "corrupt"

@@ -155,3 +155,33 @@ def test_out_of_memory_is_not_corruption():
   assert checkpointing.classify(oom) == "fatal"
   assert checkpointing.classify(TimeoutError("x")) == "transient"
   assert checkpointing.classify(ValueError("DATA_LOSS: Error reading chunk")) == "corrupt"
+
+
+def _orbax_read_error(uuid: str, path: str) -> Exception:
+  """The shape of Orbax's error for a truncated array file: a TensorStore spec dump (with the
+  OCDBT uuid and paths) wrapped around TensorStore's own status."""
+  cause = ValueError(f'OUT_OF_RANGE: Error reading "params.wo/0.0" in OCDBT database at local '
+                     f'file "{path}": Requested byte range [60767, 68377) is not valid')
+  outer = Exception("Encountered error while reading array index: (slice(0, 2, 1),). See full "
+                    "TensorStore details: <bound method spec of TensorStore({'config': "
+                    f"{{'uuid': '{uuid}'}}, 'path': '{path}'}})>.")
+  outer.__cause__ = cause
+  return outer
+
+
+@pytest.mark.parametrize("uuid,path", [
+    ("9d7d7255a7625b7429cb3d32c7373857", "/run/checkpoints/12/state/"),  # "429" in the uuid.
+    ("0123456789abcdef0123456789abcdef", "/run/checkpoints/503/state/"),  # Step 503.
+    ("0123456789abcdef0123456789abcdef", "/runs/timed out/checkpoints/8/state/"),
+])
+def test_numbers_and_words_in_uuids_and_paths_do_not_make_a_damaged_file_transient(uuid, path):
+  assert checkpointing.classify(_orbax_read_error(uuid, path)) == "corrupt"
+
+
+@pytest.mark.parametrize("message", [
+    "Error executing an HTTP request: HTTP response code 503 with body 'Backend Error'",
+    "GET https://storage.googleapis.com/b/o: status: 429",
+    "429 Too Many Requests",
+])
+def test_http_retry_codes_are_transient(message):
+  assert checkpointing.classify(RuntimeError(message)) == "transient"

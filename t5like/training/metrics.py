@@ -71,7 +71,9 @@ class MetricsWriter:
         _register_uri_event_files()
       else:
         os.makedirs(self.tb_dir, exist_ok=True)
-      self._tb = SummaryWriter(self.tb_dir, flush_secs=30)
+      # The start step in the name: a restart within the same second (tensorboardX names files
+      # by the second and opens them "wb") must not overwrite the previous run's events.
+      self._tb = SummaryWriter(self.tb_dir, flush_secs=30, filename_suffix=f".step{start_step}")
     except Exception as e:  # noqa: BLE001 - TensorBoard is optional; jsonl is always written.
       print(f"TensorBoard writer unavailable ({e}); writing metrics.jsonl only")
     self._jsonl = paths.AppendFile(self.jsonl_path)

@@ -70,15 +70,16 @@ def test_logs_metrics_and_config_lookups_on_a_bucket(fake_bucket, tmp_path):
   from t5like.training.metrics import MetricsWriter
   epath.Path("gs://bucket/run").mkdir(parents=True)  # What the trainer does first.
   w = MetricsWriter("gs://bucket/run", total_steps=2, start_step=0, progress_bar=False)
-  w._tb = None  # TensorBoard events on a URI go through tf.summary / tf.io.gfile (not mocked).
   w.write(1, {"loss": 2.5})
   w.close()
   again = MetricsWriter("gs://bucket/run", total_steps=2, start_step=1, progress_bar=False)
-  again._tb = None
   again.write(2, {"loss": 2.0})  # A resumed run appends to the same file.
   again.close()
   lines = (fake_bucket / "bucket" / "run" / "metrics.jsonl").read_text().splitlines()
   assert [json.loads(x)["step"] for x in lines] == [1, 2]
+  # TensorBoard event files go through epath too (one per writer), with the logged scalars.
+  events = sorted((fake_bucket / "bucket" / "run" / "tensorboard").glob("events.out.tfevents.*"))
+  assert len(events) == 2 and all(b"loss" in e.read_bytes() for e in events)
 
   log = paths.AppendFile("gs://bucket/run/train.log", every_s=3600)
   log.write("one\n")

@@ -5,13 +5,15 @@
 
 A decode step multiplies one token per row by every weight: a few-row product that reads each
 weight once per token, so its speed is the speed at which the weights stream from memory. On
-XLA:CPU a row-major ``[out, in]`` kernel contracted on its last axis streams faster than the
-training layout ``[in, out]`` contracted on its first; ``generate`` therefore copies the kernels
-transposed once per call on CPU (``t5like.inference.steps.unstack``). This benchmark times the
-same jitted decode loop (prefill outside the timing, ``new`` one-token steps) with either
-layout for the small DecLLM and RedLLM of ``decode_throughput.py``, alternating the two in one
-process, and prints the median milliseconds per step (a call of ``new`` steps minus a call of
-none) and of the whole call (prefill, the per-call weight copies, the steps) with their ratios.
+XLA:CPU a row-major ``[out, in]`` kernel as the left (streamed) operand of the product is read
+faster than the training layout ``[in, out]`` on the right; ``generate`` therefore copies the
+kernels transposed once per call on CPU and multiplies the embedding table (already
+``[vocab, embed]``) the same way for the logits (``t5like.inference.steps.decode_weights``).
+This benchmark times the same jitted decode loop (prefill outside the timing, ``new`` one-token
+steps) with either layout for the small DecLLM and RedLLM of ``decode_throughput.py``,
+alternating the two in one process, and prints the median milliseconds per step (a call of
+``new`` steps minus a call of none) and of the whole call (prefill, the per-call weight copies,
+the steps) with their ratios.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from t5like.models import build_model  # noqa: E402
 
 def decode_loop(family: str, batch: int, prompt: int, new: int, transpose: bool):
   """A jitted fn(params, tokens, lens, n) running the prefill, then ``n`` greedy decode steps
-  over layers unstacked with (or without) transposed kernels; returns the last tokens."""
+  over weights prepared with (or without) transposed kernels; returns the last tokens."""
   cfg = small_model_config(family, "float32")
   model = build_model(cfg, nnx.Rngs(0))
   graphdef, params = nnx.graphdef(model), nnx.to_pure_dict(nnx.state(model))
@@ -48,18 +50,18 @@ def decode_loop(family: str, batch: int, prompt: int, new: int, transpose: bool)
 
   def run(params, tokens_bp, lens_b, n):
     mdl = nnx.merge(graphdef, params)
-    layers = steps.unstack(mdl.decoder, transpose=transpose)
+    weights = steps.decode_weights(mdl, transpose=transpose)
     if family == "decllm":
       start_b = p - lens_b
       idx = jnp.arange(p)[None, :]
       seg = (idx >= start_b[:, None]).astype(jnp.int32)
       pos = jnp.maximum(idx - start_b[:, None], 0).astype(jnp.int32)
       logits, cache = steps.decllm_prefill(mdl, tokens_bp, seg, pos, p + new)
-      step = lambda y, t, c: steps.decllm_decode(mdl, layers, y, lens_b + t, p + t, c)  # noqa
+      step = lambda y, t, c: steps.decllm_decode(mdl, weights, y, lens_b + t, p + t, c)  # noqa
     else:
       cross, cache = steps.redllm_prefill(mdl, tokens_bp, new + 1)
       logits = jnp.zeros((batch, cfg.vocab_size))  # First decoder input: BOS (argmax 0).
-      step = lambda y, t, c: steps.redllm_decode(mdl, layers, y, cross.enc_len_b + t, t, c,  # noqa
+      step = lambda y, t, c: steps.redllm_decode(mdl, weights, y, cross.enc_len_b + t, t, c,  # noqa
                                                  cross)
 
     def body(t, state):

@@ -78,7 +78,7 @@ def _prefill(model, plan: _Plan, tokens_bp, lens_b):
   """(logits of the first new token, cache, next-step fn of (token, t, cache))."""
   b, p = tokens_bp.shape
   m = plan.max_new_tokens
-  layers = steps.unstack(model.decoder)  # Once per call, outside the decode loop.
+  weights = steps.decode_weights(model)  # Once per call, outside the decode loop.
   if plan.family == "decllm":
     start_b = p - lens_b
     idx_p = jnp.arange(p)[None, :]
@@ -87,14 +87,14 @@ def _prefill(model, plan: _Plan, tokens_bp, lens_b):
     logits, cache = steps.decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp,
                                          p + m - 1)
     # Token t (t >= 1) is fed at slot p + t - 1, position len + t - 1.
-    step = lambda y, t, c: steps.decllm_decode(model, layers, y, lens_b + t - 1,  # noqa: E731
+    step = lambda y, t, c: steps.decllm_decode(model, weights, y, lens_b + t - 1,  # noqa: E731
                                                p + t - 1, c)
     return logits, cache, step
   cross, cache = steps.redllm_prefill(model, tokens_bp, m)
   pos0_b = cross.enc_len_b if model.cfg.continuous_positions else jnp.zeros_like(lens_b)
-  logits, cache = steps.redllm_decode(model, layers, jnp.zeros((b,), jnp.int32), pos0_b, 0,
+  logits, cache = steps.redllm_decode(model, weights, jnp.zeros((b,), jnp.int32), pos0_b, 0,
                                       cache, cross)
-  step = lambda y, t, c: steps.redllm_decode(model, layers, y, pos0_b + t, t, c,  # noqa: E731
+  step = lambda y, t, c: steps.redllm_decode(model, weights, y, pos0_b + t, t, c,  # noqa: E731
                                              cross)
   return logits, cache, step
 

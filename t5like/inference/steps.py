@@ -11,10 +11,11 @@ wiring below is the blocks' ``__call__`` without it.
 - **Decode** feeds one token per row. A generated token is causal, so it sees exactly the valid
   cache slots (mixed attention only changes bidirectional pairs, which a generated token is
   never part of). Its layers run unrolled over per-layer parameter copies made once per
-  ``generate`` call (``unstack``): slicing the stacked ``[layers, ...]`` weights inside every
-  step would copy all weights once per token, which on XLA:CPU doubles the step time. On CPU
-  those copies hold the dense kernels transposed (``TransposedKernel``), the layout XLA:CPU's
-  few-row products stream fastest.
+  ``generate`` call (``decode_weights``): slicing the stacked ``[layers, ...]`` weights inside
+  every step would copy all weights once per token, which on XLA:CPU doubles the step time. On
+  CPU those copies hold the dense kernels transposed, and with the embedding table they are
+  ``TransposedKernel``s: ``[out, in]``, the streamed operand of the few-row products
+  (``layers.few_row_matmul``), which XLA:CPU runs fastest.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from t5like.inference.cache import KVCache
 from t5like.models.attention import dot_product_attention
 from t5like.models.blocks import SelfContext, layer_mask
 from t5like.models.decllm import self_context
-from t5like.models.layers import constrain, on_cpu, transpose_kernel
+from t5like.models.layers import TransposedKernel, constrain, on_cpu, transpose_kernel
 from t5like.models.stack import LayerStack
 
 
@@ -80,8 +81,22 @@ def unstack(stack: LayerStack, transpose: bool | None = None) -> list[nnx.Module
   return layers
 
 
-def _logits(model, norm, x_b1d) -> jax.Array:
-  return model.embedding.logits(norm(x_b1d))[:, -1]  # [batch, vocab] float32.
+class DecodeWeights(NamedTuple):
+  """What the decode step reads of the weights, prepared once per ``generate`` call."""
+  layers: list[nnx.Module]  # ``unstack(model.decoder)``.
+  table: TransposedKernel | None  # The embedding table for the logits (CPU), else None.
+
+
+def decode_weights(model, transpose: bool | None = None) -> DecodeWeights:
+  """``unstack`` of the decoder and, with ``transpose`` (default: on CPU), the embedding table
+  as a TransposedKernel, which the logits then read as the streamed operand too."""
+  transpose = on_cpu() if transpose is None else transpose
+  return DecodeWeights(unstack(model.decoder, transpose),
+                       model.embedding.decode_table() if transpose else None)
+
+
+def _logits(model, norm, x_b1d, table: TransposedKernel | None = None) -> jax.Array:
+  return model.embedding.logits(norm(x_b1d), table)[:, -1]  # [batch, vocab] float32.
 
 
 def _self_block(block, x_btd, pos_bt, mask_bhts):
@@ -125,21 +140,22 @@ def decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp, slots: int):
   return _logits(model, model.final_norm, x_bpd[:, -1:]), cache
 
 
-def decllm_decode(model, layers, token_b, position_b, slot, cache: KVCache):
-  """One token per row at cache ``slot`` through ``layers`` (``unstack(model.decoder)``);
+def decllm_decode(model, weights: DecodeWeights, token_b, position_b, slot, cache: KVCache):
+  """One token per row at cache ``slot`` through ``weights`` (``decode_weights(model)``);
   returns (logits [batch, vocab], cache)."""
   valid_bs = cache_lib.mark_valid(cache.valid_bs, slot, jnp.ones_like(token_b, bool)[:, None])
   pos_b1 = position_b[:, None]
   x_b1d = model.embedding.embed(token_b[:, None])
   ks, vs = [], []
-  for layer, k_bgsk, v_bgsk in zip(layers, cache.k, cache.v):
+  for layer, k_bgsk, v_bgsk in zip(weights.layers, cache.k, cache.v):
     h, k_bgsk, v_bgsk = _cached_self_attention(layer.attention, layer.pre_attention_norm(x_b1d),
                                                pos_b1, k_bgsk, v_bgsk, slot, valid_bs)
     x_b1d = x_b1d + h
     x_b1d = x_b1d + layer.mlp(layer.pre_mlp_norm(x_b1d))
     ks.append(k_bgsk)
     vs.append(v_bgsk)
-  return _logits(model, model.final_norm, x_b1d), KVCache(tuple(ks), tuple(vs), valid_bs)
+  return (_logits(model, model.final_norm, x_b1d, weights.table),
+          KVCache(tuple(ks), tuple(vs), valid_bs))
 
 
 def redllm_prefill(model, enc_tokens_bs, slots: int) -> tuple[CrossCache, KVCache]:
@@ -164,14 +180,16 @@ def redllm_prefill(model, enc_tokens_bs, slots: int) -> tuple[CrossCache, KVCach
   return cross, empty
 
 
-def redllm_decode(model, layers, token_b, position_b, slot, cache: KVCache, cross: CrossCache):
+def redllm_decode(model, weights: DecodeWeights, token_b, position_b, slot, cache: KVCache,
+                  cross: CrossCache):
   """One decoder token per row (causal self-attention over the cache, cross-attention to the
   cached encoder keys with RoPE as in training); returns (logits [batch, vocab], cache)."""
   valid_bs = cache_lib.mark_valid(cache.valid_bs, slot, jnp.ones_like(token_b, bool)[:, None])
   pos_b1 = position_b[:, None]
   x_b1d = model.embedding.embed(token_b[:, None])
   ks, vs = [], []
-  for layer, k_bgsk, v_bgsk, ck_bgsk, cv_bgsk in zip(layers, cache.k, cache.v, cross.k, cross.v):
+  for layer, k_bgsk, v_bgsk, ck_bgsk, cv_bgsk in zip(weights.layers, cache.k, cache.v, cross.k,
+                                                      cross.v):
     h, k_bgsk, v_bgsk = _cached_self_attention(
         layer.self_attention, layer.pre_self_attention_norm(x_b1d), pos_b1, k_bgsk, v_bgsk, slot,
         valid_bs)
@@ -184,5 +202,5 @@ def redllm_decode(model, layers, token_b, position_b, slot, cache: KVCache, cros
     x_b1d = x_b1d + layer.mlp(layer.pre_mlp_norm(x_b1d))
     ks.append(k_bgsk)
     vs.append(v_bgsk)
-  return (_logits(model, model.decoder_norm, x_b1d),
+  return (_logits(model, model.decoder_norm, x_b1d, weights.table),
           KVCache(tuple(ks), tuple(vs), valid_bs))

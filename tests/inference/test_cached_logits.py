@@ -105,9 +105,12 @@ def test_prefix_prompt_is_bidirectional():
 
 def test_decode_layers_hold_transposed_copies_of_every_kernel():
   """On CPU the decode step's per-layer copies store each dense kernel [out, in] (the layout the
-  cached-logits test above runs through), with the same numbers as the stacked parameters."""
+  cached-logits test above runs through), with the same numbers as the stacked parameters, and
+  the logits read the embedding table itself."""
   model = tiny_model("redllm", seed=2, num_kv_heads=2)
-  layers = steps.unstack(model.decoder)
+  weights = steps.decode_weights(model)
+  assert weights.table.w_nk is model.embedding.table.get_value()
+  layers = weights.layers
   stacked = model.decoder.layers
   seen = 0
   for i, layer in enumerate(layers):

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import tiny_model
 from numerics import assert_close_to_scale
 from t5like.models import masks
 from t5like.models.attention import NEG_INF, attention_weights
@@ -64,6 +65,21 @@ def test_project_with_a_transposed_kernel_equals_the_einsum(spec, dtype, rel):
   out = jax.jit(lambda a, b: project(a, b, n))(x.astype(dt), kernel)
   assert out.dtype == dt
   assert_close_to_scale(out, jnp.einsum(spec, x, w), rel)
+
+
+@pytest.mark.parametrize("dtype, rel", DTYPES)
+@pytest.mark.parametrize("rows", [1, 8])
+def test_decode_logits_through_the_table_equal_the_training_logits(rows, dtype, rel):
+  """``TiedEmbedding.logits`` with ``decode_table()`` (the decode step's product, the table as
+  the streamed operand) equals the training path over the parameter."""
+  emb = tiny_model("decllm", dtype=dtype).embedding
+  x = jax.random.normal(jax.random.key(4), (rows, 1, emb.cfg.d_model)).astype(dtype)
+  table = emb.decode_table()
+  assert table.w_nk is emb.table.get_value()  # The parameter itself: no per-call copy.
+  got = jax.jit(lambda a, t: emb.logits(a, t))(x, table)
+  want = jax.jit(emb.logits)(x)
+  assert got.dtype == want.dtype == jnp.float32 and got.shape == (rows, 1, emb.cfg.vocab_size)
+  assert_close_to_scale(got, want, rel)
 
 
 @pytest.mark.parametrize("kind, mixed", [("causal", "none"), ("prefix", "none"),

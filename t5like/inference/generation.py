@@ -61,9 +61,11 @@ def _check(model, prompts, max_new_tokens: int, max_length: int) -> list[list[in
 
 def _pad_inputs(rows: list[list[int]], family: str, batch: int) -> tuple[np.ndarray, int]:
   """[batch, P] tokens: DecLLM ``[0] + prompt`` left-padded, RedLLM prompt right-padded."""
-  seqs = [[0] + r for r in rows] if family == "decllm" else list(rows)
+  bos = 1 if family == "decllm" else 0
+  seqs = [[0] * bos + r for r in rows]
   seqs += [seqs[0]] * (batch - len(seqs))  # Filler rows (mesh divisibility), dropped after.
-  p = -(-max(map(len, seqs)) // PAD_MULTIPLE) * PAD_MULTIPLE
+  # The prompt is rounded up, then BOS added: a 128-token prompt prefills 129 positions, not 144.
+  p = -(-(max(map(len, seqs)) - bos) // PAD_MULTIPLE) * PAD_MULTIPLE + bos
   out = np.zeros((batch, p), np.int32)
   for i, s in enumerate(seqs):
     if family == "decllm":

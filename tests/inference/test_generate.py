@@ -62,6 +62,21 @@ def reference_greedy(model, prompt: list[int], new: int) -> list[int]:
   return out
 
 
+def test_prompts_round_up_to_16_then_take_bos():
+  """DecLLM rows are BOS + prompt, left-padded to 16k + 1 (a 16-token prompt prefills 17
+  positions, not 32); RedLLM prompts are right-padded to 16k."""
+  from t5like.inference.generation import _pad_inputs
+  tokens, lens = _pad_inputs([[5] * 16, [7] * 3], "decllm", 3)
+  assert tokens.shape == (3, 17) and lens.tolist() == [17, 4, 17]  # Row 3: filler.
+  assert tokens[0].tolist() == [0] + [5] * 16
+  assert tokens[1].tolist() == [0] * 13 + [0, 7, 7, 7]
+  tokens, lens = _pad_inputs([[5] * 17], "decllm", 1)
+  assert tokens.shape == (1, 33)
+  tokens, lens = _pad_inputs([[5] * 16, [7] * 3], "redllm", 2)
+  assert tokens.shape == (2, 16) and lens.tolist() == [16, 3]
+  assert tokens[1].tolist() == [7, 7, 7] + [0] * 13
+
+
 def test_greedy_equals_argmax_of_full_forwards(model):
   got = generate(model, PROMPTS, max_new_tokens=NEW, eos_id=-1)
   want = [reference_greedy(model, p, NEW) for p in PROMPTS]

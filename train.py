@@ -101,4 +101,6 @@ def _compile_only(cfg, args) -> int:
 
 
 if __name__ == "__main__":
+  from t5like import runtime
+  runtime.reexec_with_huge_pages()  # Before JAX: huge pages for XLA:CPU's buffers.
   sys.exit(main())

@@ -34,6 +34,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from t5like import runtime  # noqa: E402
 from t5like.config.model import ModelConfig  # noqa: E402
 from t5like.evaluation.cost import inference_flops  # noqa: E402
 from t5like.inference import generate  # noqa: E402
@@ -141,6 +142,7 @@ def main() -> None:
           args.peer = False
         else:
           rows.append(peer)
+  print(runtime.huge_pages_state())
   print(f"| system | dtype | params (M) | batch x prompt + new | prefill tok/s | decode tok/s "
         f"| new tok/s | GFLOP/seq |")
   print("|---|---|---|---|---|---|---|---|")
@@ -157,4 +159,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+  runtime.reexec_with_huge_pages()  # What the CLIs run with (t5like/runtime.py).
   main()

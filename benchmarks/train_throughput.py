@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 
-from t5like import partitioning  # noqa: E402
+from t5like import partitioning, runtime  # noqa: E402
 from t5like.config import Config, ModelConfig  # noqa: E402
 from t5like.training import flops, presets  # noqa: E402
 from t5like.training import state as state_lib  # noqa: E402
@@ -198,7 +198,8 @@ def main() -> None:
   peak = args.peak or flops.peak_flops_per_device(0.0, "float32") * jax.device_count()
   print(f"\ndevice: {jax.devices()[0].device_kind} x {jax.device_count()}; "
         f"FLOPs: docs/flops.md convention; median of {args.steps} steps (medium: 3); "
-        f"f32 matmul peak measured here {peak / 1e9:.0f} GFLOP/s\n")
+        f"f32 matmul peak measured here {peak / 1e9:.0f} GFLOP/s; {runtime.huge_pages_state()}"
+        "\n")
   head = ("config", "family", "params (M)", "dtype", "batch x len", "step ms", "tokens/s",
           "GFLOP/s", "MFU", "compile s")
   print("| " + " | ".join(head) + " |")
@@ -227,4 +228,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+  runtime.reexec_with_huge_pages()  # What the CLIs run with (t5like/runtime.py).
   main()

@@ -16,7 +16,7 @@ from t5like.models.layers import (constrain, dropout, dtype, fan_in_init, fold, 
                                   project)
 from t5like.models.masks import MaskSpec
 from t5like.models.norms import RMSNorm
-from t5like.models.rotary import apply_rope
+from t5like.models.rotary import Rotary, apply_rope
 
 try:  # Names the output so the "attention_out" remat policy can save it.
   from jax.ad_checkpoint import checkpoint_name
@@ -51,9 +51,10 @@ class Attention(nnx.Module):
       else:
         self.out_norm = RMSNorm((h, k), ("heads", "kv"), **norm)
 
-  def project_qkv(self, x_q_btd: jax.Array, x_kv_bsd: jax.Array, q_pos_bt: jax.Array,
-                  kv_pos_bs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Normed, rotated q [batch, t, heads, kv], k and v [batch, s, kv_heads, kv].
+  def project_qkv(self, x_q_btd: jax.Array, x_kv_bsd: jax.Array, q_pos_bt: jax.Array | Rotary,
+                  kv_pos_bs: jax.Array | Rotary) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Normed, rotated q [batch, t, heads, kv], k and v [batch, s, kv_heads, kv]; positions are
+    integer [batch, length] arrays or their ``rotary_table`` (computed once per forward).
 
     A KV cache stores the k, v of this step; ``attend`` and ``project_out`` finish the layer.
     """
@@ -82,8 +83,8 @@ class Attention(nnx.Module):
                                "attention_out")
     return project(out_bthk, kernel(self.wo, dtype(cfg.dtype)), 2)  # bthk,hkd->btd
 
-  def __call__(self, x_q_btd: jax.Array, x_kv_bsd: jax.Array, q_pos_bt: jax.Array,
-               kv_pos_bs: jax.Array, mask_bhts: jax.Array | MaskSpec, *,
+  def __call__(self, x_q_btd: jax.Array, x_kv_bsd: jax.Array, q_pos_bt: jax.Array | Rotary,
+               kv_pos_bs: jax.Array | Rotary, mask_bhts: jax.Array | MaskSpec, *,
                rng: jax.Array | None = None) -> jax.Array:
     """Attends from ``x_q`` [batch, t, d] to ``x_kv`` [batch, s, d]; returns [batch, t, d]."""
     q_bthk, k_bsgk, v_bsgk = self.project_qkv(x_q_btd, x_kv_bsd, q_pos_bt, kv_pos_bs)

@@ -14,11 +14,12 @@ from t5like.models.layers import constrain, dropout, fold
 from t5like.models.masks import MaskSpec
 from t5like.models.mlp import SwiGLU
 from t5like.models.norms import RMSNorm
+from t5like.models.rotary import Rotary
 
 
 class SelfContext(NamedTuple):
   """Per-call inputs every layer of a stack shares (closed over by the layer scan)."""
-  positions_bt: jax.Array  # [batch, length] RoPE positions.
+  rope_bt: Rotary  # sin / cos of the [batch, length] RoPE positions, computed once per call.
   mask_fwd: jax.Array | MaskSpec  # [batch, heads|1, length, length] mask of forward (or all)
   #   layers; a MaskSpec for the fused kernels (model.attention_impl != "xla").
   mask_bwd: jax.Array | None  # Mask of backward layers (mixed_attention="per_layer"), else None.
@@ -27,7 +28,7 @@ class SelfContext(NamedTuple):
 class CrossContext(NamedTuple):
   """What the RedLLM decoder layers see of the encoder."""
   encoded_bsd: jax.Array  # [batch, enc_length, embed] final encoder states.
-  enc_positions_bs: jax.Array  # [batch, enc_length] encoder positions (RoPE keys).
+  enc_rope_bs: Rotary  # sin / cos of the [batch, enc_length] encoder positions (RoPE keys).
   mask_bhts: jax.Array | MaskSpec  # [batch, 1, dec_length, enc_length] same-segment cross mask.
 
 
@@ -58,7 +59,7 @@ class SelfAttentionBlock(nnx.Module):
                rng: jax.Array | None, cross: CrossContext | None = None) -> jax.Array:
     del cross
     h = self.pre_attention_norm(x_btd)
-    h = self.attention(h, h, ctx.positions_bt, ctx.positions_bt, layer_mask(ctx, layer_idx),
+    h = self.attention(h, h, ctx.rope_bt, ctx.rope_bt, layer_mask(ctx, layer_idx),
                        rng=fold(rng, 1))
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 2))
     h = self.mlp(self.pre_mlp_norm(x_btd), rng=fold(rng, 3))
@@ -82,11 +83,11 @@ class EncoderDecoderBlock(nnx.Module):
                rng: jax.Array | None, cross: CrossContext | None = None) -> jax.Array:
     assert cross is not None, "the decoder block needs the encoder outputs"
     h = self.pre_self_attention_norm(x_btd)
-    h = self.self_attention(h, h, ctx.positions_bt, ctx.positions_bt, layer_mask(ctx, layer_idx),
+    h = self.self_attention(h, h, ctx.rope_bt, ctx.rope_bt, layer_mask(ctx, layer_idx),
                             rng=fold(rng, 1))
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 2))
     h = self.pre_cross_attention_norm(x_btd)
-    h = self.cross_attention(h, cross.encoded_bsd, ctx.positions_bt, cross.enc_positions_bs,
+    h = self.cross_attention(h, cross.encoded_bsd, ctx.rope_bt, cross.enc_rope_bs,
                              cross.mask_bhts, rng=fold(rng, 3))
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 4))
     h = self.mlp(self.pre_mlp_norm(x_btd), rng=fold(rng, 5))

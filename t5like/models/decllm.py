@@ -20,6 +20,7 @@ from t5like.models.blocks import SelfAttentionBlock, SelfContext
 from t5like.models.embedding import TiedEmbedding
 from t5like.models.layers import dropout, fold
 from t5like.models.norms import RMSNorm
+from t5like.models.rotary import rotary_table
 from t5like.models.stack import LayerStack
 
 
@@ -29,10 +30,11 @@ def self_context(cfg: ModelConfig, segment_ids_bt: jax.Array, positions_bt: jax.
   their ``MaskSpec`` for the fused kernels unless ``materialize`` (KV cache, attention maps)."""
   mixed = cfg.mixed_attention if kind != "causal" else "none"
   spec = masks.MaskSpec(segment_ids_bt, segment_ids_bt, kind, prefix_bt, mixed, cfg.num_heads)
+  rope_bt = rotary_table(positions_bt, cfg.head_dim, cfg.rope_max_wavelength)
   if cfg.attention_impl != "xla" and not materialize:
-    return SelfContext(positions_bt, spec, None)
+    return SelfContext(rope_bt, spec, None)
   bwd = masks.materialize(spec._replace(backward=True)) if mixed == "per_layer" else None
-  return SelfContext(positions_bt, masks.materialize(spec), bwd)
+  return SelfContext(rope_bt, masks.materialize(spec), bwd)
 
 
 def default_positions(tokens_bt: jax.Array) -> jax.Array:

@@ -26,6 +26,7 @@ from t5like.models.decllm import default_positions, self_context
 from t5like.models.embedding import TiedEmbedding
 from t5like.models.layers import dropout, fold
 from t5like.models.norms import RMSNorm
+from t5like.models.rotary import rotary_table
 from t5like.models.stack import LayerStack
 
 
@@ -88,7 +89,8 @@ class RedLLM(nnx.Module):
     positions_bt = self.decoder_positions(batch, enc)
     ctx = self_context(cfg, segment_ids_bt, positions_bt, "causal")
     spec = masks.MaskSpec(segment_ids_bt, enc.segment_ids_bs, "cross")
-    cross = CrossContext(enc.encoded_bsd, enc.positions_bs,
+    enc_rope_bs = rotary_table(enc.positions_bs, cfg.head_dim, cfg.rope_max_wavelength)
+    cross = CrossContext(enc.encoded_bsd, enc_rope_bs,
                          spec if cfg.attention_impl != "xla" else masks.materialize(spec))
     x_btd = dropout(self.embedding.embed(tokens_bt), cfg.dropout_rate, fold(dropout_rng, 3))
     x_btd = self.decoder(x_btd, ctx, rng=fold(dropout_rng, 4), cross=cross)

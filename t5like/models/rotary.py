@@ -1,23 +1,46 @@
 """Rotary position embedding on explicit positions (so any offset works: RedLLM's continuous
-positions rotate decoder queries by ``k + t`` and encoder keys by ``j``)."""
+positions rotate decoder queries by ``k + t`` and encoder keys by ``j``).
+
+A forward pass computes the sine and cosine of its positions once (``rotary_table``, [batch,
+length, half] values) and every layer rotates its queries and keys with them: computed inside each
+layer instead, XLA fused the sin/cos into every rotation of ``[batch, length, heads, head_dim]``,
+forward and backward — transcendental work repeated per head and per layer (docs/performance.md).
+"""
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 
-def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, max_wavelength: float) -> jax.Array:
-  """Rotates feature pairs (i, i + d/2) of ``x[batch, length, heads, head_dim]`` by position.
+class Rotary(NamedTuple):
+  """Rotation of every position: float32 [batch, length, 1, head_dim / 2] each."""
+  sin: jax.Array
+  cos: jax.Array
 
-  The score between a query at p and a key at q then depends only on p - q.
-  """
-  head_dim = x_bthd.shape[-1]
+
+def rotary_table(positions_bt: jax.Array, head_dim: int, max_wavelength: float) -> Rotary:
+  """sin / cos of ``position * max_wavelength^(-2i / head_dim)`` for feature pairs i < d/2."""
   half = head_dim // 2
   inv_freq = max_wavelength ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / head_dim)  # [half]
   angle_bth = positions_bt.astype(jnp.float32)[:, :, None] * inv_freq  # [batch, length, half]
-  sin = jnp.sin(angle_bth)[:, :, None, :]  # [batch, length, 1, half]
-  cos = jnp.cos(angle_bth)[:, :, None, :]
+  sin_cos = (jnp.sin(angle_bth)[:, :, None, :], jnp.cos(angle_bth)[:, :, None, :])
+  # The barrier keeps the table a buffer: without it XLA fuses sin/cos back into every consumer.
+  return Rotary(*jax.lax.optimization_barrier(sin_cos))
+
+
+def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array | Rotary,
+               max_wavelength: float) -> jax.Array:
+  """Rotates feature pairs (i, i + d/2) of ``x[batch, length, heads, head_dim]`` by position
+  (integer positions [batch, length], or their ``rotary_table``).
+
+  The score between a query at p and a key at q then depends only on p - q.
+  """
+  half = x_bthd.shape[-1] // 2
+  rot = positions_bt if isinstance(positions_bt, Rotary) else rotary_table(
+      positions_bt, x_bthd.shape[-1], max_wavelength)
   x = x_bthd.astype(jnp.float32)
   x1, x2 = x[..., :half], x[..., half:]
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  out = jnp.concatenate([x1 * rot.cos - x2 * rot.sin, x2 * rot.cos + x1 * rot.sin], axis=-1)
   return out.astype(x_bthd.dtype)

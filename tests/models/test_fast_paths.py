@@ -1,7 +1,8 @@
 """The rewritten hot paths equal the forms they replaced (benchmarks/step_breakdown.py says why
 they were rewritten): 2-D projections vs the einsums, the additive mask bias vs masking scores and
-probabilities, the float32 logits matmul vs the plain dot — forward and gradients, float32 to
-reordering tolerance, bfloat16 within 2e-2 of the float32 result's scale."""
+probabilities, the float32 logits matmul vs the plain dot, the RoPE table made once per forward vs
+sin/cos in every layer — forward and gradients, float32 to reordering tolerance, bfloat16 within
+2e-2 of the float32 result's scale."""
 from __future__ import annotations
 
 import jax
@@ -9,11 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny_model
-from numerics import assert_close_to_scale
-from t5like.models import masks
+from flax import nnx
+
+from helpers import tiny_model, tokens
+from numerics import assert_close_to_scale, assert_trees_close_to_scale
+from t5like.models import decllm, masks, redllm
 from t5like.models.attention import NEG_INF, attention_weights
 from t5like.models.layers import matmul_2d, project, transpose_kernel
+from t5like.models.losses import cross_entropy_with_z_loss
+from t5like.models.rotary import apply_rope, rotary_table
 
 
 def _where_weights(q, k, mask):
@@ -124,3 +129,61 @@ def test_cpu_logits_matmul_keeps_float64():
     out, vjp = jax.vjp(lambda x, w: matmul_2d(x, w, 1, jnp.float64), a, b)
     assert out.dtype == jnp.float64 and abs(float(out[0, 0]) - 4 / 3) < 1e-14  # f32: ~1e-7.
     assert all(g.dtype == jnp.float64 for g in vjp(jnp.ones_like(out)))
+
+
+@pytest.mark.parametrize("use_table", [False, True])
+def test_rope_equals_the_complex_rotation(use_table):
+  """Feature pairs (i, i + d/2) as complex numbers turned by ``position * wavelength^(-2i/d)``,
+  in float64 numpy; from integer positions or from their ``rotary_table``."""
+  x = np.random.RandomState(0).randn(2, 7, 3, 8).astype(np.float32)
+  pos = np.random.RandomState(1).randint(0, 300, size=(2, 7)).astype(np.int32)
+  rot = rotary_table(jnp.asarray(pos), 8, 1e4) if use_table else jnp.asarray(pos)
+  got = jax.jit(lambda a, r: apply_rope(a, r, 1e4))(jnp.asarray(x), rot)
+  freq = 1e4 ** (-np.arange(4) * 2.0 / 8)  # [half]
+  z = (x[..., :4] + 1j * x[..., 4:]) * np.exp(1j * pos[:, :, None, None] * freq)
+  assert_close_to_scale(got, np.concatenate([z.real, z.imag], -1), 1e-5)
+
+
+def _packed_batch(family: str) -> dict:
+  """Two packed rows (segments restart positions; padding at the end), as the pipeline gives."""
+  seg = jnp.array([[1] * 5 + [2] * 4 + [0] * 3, [1] * 7 + [2] * 5])
+  pos = jnp.array([list(range(5)) + list(range(4)) + [0] * 3, list(range(7)) + list(range(5))])
+  batch = {"decoder_input_tokens": tokens((2, 12)) * (seg > 0),
+           "decoder_target_tokens": tokens((2, 12), 2) * (seg > 0),
+           "decoder_segment_ids": seg, "decoder_positions": pos,
+           "decoder_causal_attention": ((pos < 2) & (seg > 0)).astype(jnp.int32)}
+  if family == "redllm":  # Decoder positions continue after each segment's encoder length.
+    eseg = jnp.array([[1] * 3 + [2] * 6 + [0], [1] * 4 + [2] * 6])
+    epos = jnp.array([list(range(3)) + list(range(6)) + [0], list(range(4)) + list(range(6))])
+    batch.update(encoder_input_tokens=tokens((2, 10), 1) * (eseg > 0), encoder_segment_ids=eseg,
+                 encoder_positions=epos,
+                 decoder_positions=pos + jnp.where(seg == 1, jnp.array([[3], [4]]), 6) * (seg > 0))
+  return batch
+
+
+@pytest.mark.parametrize("family, attention", [("decllm", "causal"), ("decllm", "prefix"),
+                                               ("redllm", "causal")])
+def test_rope_table_once_per_forward_equals_rotating_in_every_layer(family, attention,
+                                                                    monkeypatch):
+  """The models hand every layer the sin/cos table of their positions (``rotary_table``, made once
+  per forward); the previous form rotated from the integer positions in every layer. Loss and
+  gradients of packed batches agree (DecLLM causal and prefix, RedLLM with continuous positions
+  and cross-attention RoPE)."""
+  batch = _packed_batch(family)
+  model = tiny_model(family, decoder_attention=attention)
+  graphdef, params = nnx.split(model, nnx.Param)
+
+  def loss_and_grads():
+    def loss(p):
+      logits = nnx.merge(graphdef, p)(batch)
+      return cross_entropy_with_z_loss(logits, batch["decoder_target_tokens"],
+                                       (batch["decoder_segment_ids"] > 0).astype(jnp.float32),
+                                       1e-4).loss
+    return jax.jit(jax.value_and_grad(loss))(params)  # Traced anew: a new function each call.
+
+  table = loss_and_grads()
+  for module in (decllm, redllm):  # Integer positions reach every layer's ``apply_rope``.
+    monkeypatch.setattr(module, "rotary_table", lambda positions, *args: positions)
+  per_layer = loss_and_grads()
+  assert_close_to_scale(table[0], per_layer[0])
+  assert_trees_close_to_scale(table[1], per_layer[1])

@@ -1,16 +1,20 @@
 #!/usr/bin/env python
-"""A git revision's train step against the working tree's, alternating in one process.
+"""A git revision's train step or ``generate`` call against the working tree's, alternating in
+one process.
 
-  python benchmarks/ab_train_step.py [--base HEAD] [--only small_decllm,small_redllm]
-                                     [--dtype float32] [--rounds 6] [--steps 3]
+  python benchmarks/ab_revision.py [--base HEAD] [--only small_decllm,small_redllm]
+                                   [--dtype float32] [--rounds 6] [--steps 3]
+  python benchmarks/ab_revision.py --generate [--cases 8x128+64,1x128+64] [--base HEAD] ...
 
 On the shared 2-core hosts the same benchmark moves 10-30 % between processes minutes apart,
 more than most single changes gain; within one process, alternating short bursts, both sides
 see the same machine. The base revision's ``t5like`` (``git archive``) is imported first and its
 steps compiled, then its modules are dropped from ``sys.modules`` and the working tree's are
 imported and compiled: each compiled step keeps the code it was traced from. Each round times
-``--steps`` steps of every config on each side (the side that goes first alternates); the table
+``--steps`` calls of every case on each side (the side that goes first alternates); the table
 gives per-side medians and the ratio of medians (base / new > 1: the working tree is faster).
+Train steps: the configs of ``train_throughput.py``. ``--generate``: ``generate`` of the small
+models of ``decode_throughput.py`` (both families), ``batch x prompt + new`` tokens, no EOS.
 """
 from __future__ import annotations
 
@@ -39,30 +43,30 @@ def _export(rev: str, dest: str) -> str:
   return dest
 
 
-def _load(root: str):
-  """Imports ``t5like`` and the throughput benchmark's configs from ``root``."""
+def _load(root: str, *names: str) -> list:
+  """Imports ``names`` (modules of ``t5like`` or of ``benchmarks/``) from ``root``, after
+  dropping every module either side imported before."""
   for name in [m for m in sys.modules if m == "t5like" or m.startswith("t5like.")
-               or m == "train_throughput"]:
+               or m in ("train_throughput", "decode_throughput")]:
     del sys.modules[name]
-  sys.path.insert(0, root)
-  sys.path.insert(0, os.path.join(root, "benchmarks"))
+  paths = [root, os.path.join(root, "benchmarks")]
+  sys.path[:0] = paths
   try:
-    tt = importlib.import_module("train_throughput")
-    step_lib = importlib.import_module("t5like.training.step")
-    state_lib = importlib.import_module("t5like.training.state")
-    data = importlib.import_module("t5like.training.data")
-    partitioning = importlib.import_module("t5like.partitioning")
-    assert os.path.realpath(step_lib.__file__).startswith(os.path.realpath(root)), step_lib.__file__
+    mods = [importlib.import_module(n) for n in names]
+    t5like = sys.modules["t5like"]
+    assert os.path.realpath(t5like.__file__).startswith(os.path.realpath(root)), t5like.__file__
   finally:
-    sys.path.remove(root)
-    sys.path.remove(os.path.join(root, "benchmarks"))
-  return tt, step_lib, state_lib, data, partitioning
+    for p in paths:
+      sys.path.remove(p)
+  return mods
 
 
-def _prepare(root: str, names: list[str], dtype: str) -> dict:
+def _prepare_train(root: str, names: list[str], dtype: str) -> dict:
   """name -> a closure running one compiled train step of that config (compiled here)."""
   import jax
-  tt, step_lib, state_lib, data, partitioning = _load(root)
+  tt, step_lib, state_lib, data, partitioning = _load(
+      root, "train_throughput", "t5like.training.step", "t5like.training.state",
+      "t5like.training.data", "t5like.partitioning")
   out = {}
   for name in names:
     cfg = tt.CONFIGS[name]()
@@ -82,19 +86,43 @@ def _prepare(root: str, names: list[str], dtype: str) -> dict:
   return out
 
 
+def _prepare_generate(root: str, cases: list[str], dtype: str) -> dict:
+  """"family batch x prompt + new" -> a closure running one ``generate`` call (compiled here)."""
+  import numpy as np
+  from flax import nnx
+  dt, inference, models = _load(root, "decode_throughput", "t5like.inference", "t5like.models")
+  out = {}
+  for case in cases:
+    batch, prompt, new = dt.parse_case(case)
+    for family in ("decllm", "redllm"):
+      model = models.build_model(dt.small_model_config(family, dtype), nnx.Rngs(0))
+      rng = np.random.RandomState(0)
+      prompts = [rng.randint(2, 8192, size=prompt).tolist() for _ in range(batch)]
+
+      def run(model=model, prompts=prompts, new=new, generate=inference.generate):
+        generate(model, prompts, max_new_tokens=new, eos_id=-1)
+      run()  # Compiles.
+      out[f"{family} {case}"] = run
+  return out
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--base", default="HEAD", help="git revision to compare the working tree with")
-  ap.add_argument("--only", default="small_decllm,small_redllm")
+  ap.add_argument("--only", default="small_decllm,small_redllm", help="train step configs")
+  ap.add_argument("--generate", action="store_true", help="time generate calls, not train steps")
+  ap.add_argument("--cases", default="8x128+64,1x128+64", help="with --generate")
   ap.add_argument("--dtype", default="float32")
   ap.add_argument("--rounds", type=int, default=6)
-  ap.add_argument("--steps", type=int, default=3, help="steps per side and config in a round")
+  ap.add_argument("--steps", type=int, default=3, help="calls per side and case in a round")
   args = ap.parse_args()
-  names = [n for n in args.only.split(",") if n]
+  prepare = _prepare_generate if args.generate else _prepare_train
+  items = [n for n in (args.cases if args.generate else args.only).split(",") if n]
   with tempfile.TemporaryDirectory() as tmp:
-    sides = {"base": _prepare(_export(args.base, tmp), names, args.dtype)}
-    sides["new"] = _prepare(REPO, names, args.dtype)
+    sides = {"base": prepare(_export(args.base, tmp), items, args.dtype)}
+    sides["new"] = prepare(REPO, items, args.dtype)
+  names = list(sides["new"])
   times = {(s, n): [] for s in sides for n in names}
   for r in range(args.rounds):
     for side in (("base", "new") if r % 2 == 0 else ("new", "base")):
@@ -106,7 +134,9 @@ def main() -> None:
   from t5like import runtime
   print(f"\nbase {args.base} against the working tree, {args.dtype}, {args.rounds} rounds x "
         f"{args.steps} steps a side; {runtime.huge_pages_state()}\n")
-  print("| config | base step ms | new step ms | base / new |")
+  what = "call" if args.generate else "step"
+  print(f"| {'case' if args.generate else 'config'} | base {what} ms | new {what} ms | "
+        "base / new |")
   print("|---|---|---|---|")
   for name in names:
     b, n = (statistics.median(times[s, name]) * 1e3 for s in ("base", "new"))

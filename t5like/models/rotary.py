@@ -5,6 +5,7 @@ A forward pass computes the sine and cosine of its positions once (``rotary_tabl
 length, half] values) and every layer rotates its queries and keys with them: computed inside each
 layer instead, XLA fused the sin/cos into every rotation of ``[batch, length, heads, head_dim]``,
 forward and backward — transcendental work repeated per head and per layer (docs/performance.md).
+A single rotation from integer positions (the decode step's one token) keeps the fused form.
 """
 from __future__ import annotations
 
@@ -20,14 +21,19 @@ class Rotary(NamedTuple):
   cos: jax.Array
 
 
-def rotary_table(positions_bt: jax.Array, head_dim: int, max_wavelength: float) -> Rotary:
+def _rotation(positions_bt: jax.Array, head_dim: int, max_wavelength: float) -> Rotary:
   """sin / cos of ``position * max_wavelength^(-2i / head_dim)`` for feature pairs i < d/2."""
   half = head_dim // 2
   inv_freq = max_wavelength ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / head_dim)  # [half]
   angle_bth = positions_bt.astype(jnp.float32)[:, :, None] * inv_freq  # [batch, length, half]
-  sin_cos = (jnp.sin(angle_bth)[:, :, None, :], jnp.cos(angle_bth)[:, :, None, :])
+  return Rotary(jnp.sin(angle_bth)[:, :, None, :], jnp.cos(angle_bth)[:, :, None, :])
+
+
+def rotary_table(positions_bt: jax.Array, head_dim: int, max_wavelength: float) -> Rotary:
+  """The rotation of ``positions_bt`` as a table for every layer of a forward pass to read."""
   # The barrier keeps the table a buffer: without it XLA fuses sin/cos back into every consumer.
-  return Rotary(*jax.lax.optimization_barrier(sin_cos))
+  return Rotary(*jax.lax.optimization_barrier(tuple(_rotation(positions_bt, head_dim,
+                                                              max_wavelength))))
 
 
 def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array | Rotary,
@@ -38,7 +44,7 @@ def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array | Rotary,
   The score between a query at p and a key at q then depends only on p - q.
   """
   half = x_bthd.shape[-1] // 2
-  rot = positions_bt if isinstance(positions_bt, Rotary) else rotary_table(
+  rot = positions_bt if isinstance(positions_bt, Rotary) else _rotation(
       positions_bt, x_bthd.shape[-1], max_wavelength)
   x = x_bthd.astype(jnp.float32)
   x1, x2 = x[..., :half], x[..., half:]

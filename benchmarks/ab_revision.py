@@ -39,7 +39,10 @@ def _export(rev: str, dest: str) -> str:
   with open(path, "wb") as f:
     f.write(tar)
   with tarfile.open(path) as t:
-    t.extractall(dest, filter="data")
+    try:
+      t.extractall(dest, filter="data")
+    except TypeError:  # Python releases before extraction filters (3.10.11 and older).
+      t.extractall(dest)
   return dest
 
 
@@ -132,9 +135,9 @@ def main() -> None:
           sides[side][name]()
           times[side, name].append(time.perf_counter() - t)
   from t5like import runtime
-  print(f"\nbase {args.base} against the working tree, {args.dtype}, {args.rounds} rounds x "
-        f"{args.steps} steps a side; {runtime.huge_pages_state()}\n")
   what = "call" if args.generate else "step"
+  print(f"\nbase {args.base} against the working tree, {args.dtype}, {args.rounds} rounds x "
+        f"{args.steps} {what}s a side; {runtime.huge_pages_state()}\n")
   print(f"| {'case' if args.generate else 'config'} | base {what} ms | new {what} ms | "
         "base / new |")
   print("|---|---|---|---|")
@@ -147,6 +150,5 @@ if __name__ == "__main__":
   sys.path.insert(0, REPO)
   from t5like import runtime  # noqa: E402
   runtime.reexec_with_huge_pages()
-  sys.path.remove(REPO)
-  del sys.modules["t5like.runtime"], sys.modules["t5like"]
+  sys.path.remove(REPO)  # Each side's t5like is imported afresh (``_load``).
   main()

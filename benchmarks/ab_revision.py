@@ -98,9 +98,10 @@ def _prepare_generate(root: str, cases: list[str], dtype: str) -> dict:
   for case in cases:
     batch, prompt, new = dt.parse_case(case)
     for family in ("decllm", "redllm"):
-      model = models.build_model(dt.small_model_config(family, dtype), nnx.Rngs(0))
+      cfg = dt.small_model_config(family, dtype)
+      model = models.build_model(cfg, nnx.Rngs(0))
       rng = np.random.RandomState(0)
-      prompts = [rng.randint(2, 8192, size=prompt).tolist() for _ in range(batch)]
+      prompts = [rng.randint(2, cfg.vocab_size, size=prompt).tolist() for _ in range(batch)]
 
       def run(model=model, prompts=prompts, new=new, generate=inference.generate):
         generate(model, prompts, max_new_tokens=new, eos_id=-1)

@@ -100,11 +100,6 @@ def _logits(model, norm, x_b1d, table: TransposedKernel | None = None) -> jax.Ar
   return model.embedding.logits(norm(x_b1d), table)[:, -1]  # [batch, vocab] float32.
 
 
-def _rope(cfg, positions_bt) -> Rotary:
-  """sin / cos of the prompt's positions, made once and read by every layer (as in training)."""
-  return rotary_table(positions_bt, cfg.head_dim, cfg.rope_max_wavelength)
-
-
 def _self_block(block, x_btd, rope_bt: Rotary, mask_bhts):
   """SelfAttentionBlock.__call__ that also returns this layer's keys and values."""
   h = block.pre_attention_norm(x_btd)
@@ -171,7 +166,7 @@ def redllm_prefill(model, enc_tokens_bs, slots: int) -> tuple[CrossCache, KVCach
   the cross-attention keys/values of every decoder layer; an empty decoder cache of ``slots``."""
   cfg = model.cfg
   enc = model.encode({"encoder_input_tokens": enc_tokens_bs})
-  rope_bs = _rope(cfg, enc.positions_bs)
+  rope_bs = rotary_table(enc.positions_bs, cfg.head_dim, cfg.rope_max_wavelength)  # Once.
 
   def body(carry, layer, i, _):
     del i

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from flax import nnx
 
 from helpers import tiny_model, tokens

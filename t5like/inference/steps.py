@@ -100,12 +100,12 @@ def _logits(model, norm, x_b1d, table: TransposedKernel | None = None) -> jax.Ar
   return model.embedding.logits(norm(x_b1d), table)[:, -1]  # [batch, vocab] float32.
 
 
-def _self_block(block, x_btd, rope_bt: Rotary, mask_bhts):
+def _self_block(block, x_btd, rope_bt: Rotary, mask_bhts, causal: bool):
   """SelfAttentionBlock.__call__ that also returns this layer's keys and values."""
   h = block.pre_attention_norm(x_btd)
   q_bthk, k_btgk, v_btgk = block.attention.project_qkv(h, h, rope_bt, rope_bt)
   x_btd = x_btd + block.attention.project_out(
-      dot_product_attention(q_bthk, k_btgk, v_btgk, mask_bhts))
+      dot_product_attention(q_bthk, k_btgk, v_btgk, mask_bhts, causal=causal))
   x_btd = x_btd + block.mlp(block.pre_mlp_norm(x_btd))
   return constrain(x_btd, ("batch", "length", "embed")), (k_btgk, v_btgk)
 
@@ -134,7 +134,7 @@ def decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp, slots: int):
                                   prefix_bp, materialize=True)
 
   def body(x, layer, i, _):
-    return _self_block(layer, x, ctx.rope_bt, layer_mask(ctx, i))
+    return _self_block(layer, x, ctx.rope_bt, layer_mask(ctx, i), ctx.causal)
 
   x_bpd, (k_lbpgk, v_lbpgk) = run_layers(model.decoder, body, model.embedding.embed(tokens_bp))
   valid_bs = jnp.pad(segment_ids_bp > 0, ((0, 0), (0, slots - tokens_bp.shape[1])))

@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover
     return x
 
 NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)  # Finite, so fully-masked rows stay NaN-free.
+CAUSAL_BLOCK = 128  # Query rows per block of a causal mask (``dot_product_attention``).
 
 
 class Attention(nnx.Module):
@@ -85,8 +86,9 @@ class Attention(nnx.Module):
 
   def __call__(self, x_q_btd: jax.Array, x_kv_bsd: jax.Array, q_pos_bt: jax.Array | Rotary,
                kv_pos_bs: jax.Array | Rotary, mask_bhts: jax.Array | MaskSpec, *,
-               rng: jax.Array | None = None) -> jax.Array:
-    """Attends from ``x_q`` [batch, t, d] to ``x_kv`` [batch, s, d]; returns [batch, t, d]."""
+               causal: bool = False, rng: jax.Array | None = None) -> jax.Array:
+    """Attends from ``x_q`` [batch, t, d] to ``x_kv`` [batch, s, d]; returns [batch, t, d].
+    ``causal``: the mask allows no key after its query (lets the core skip those blocks)."""
     q_bthk, k_bsgk, v_bsgk = self.project_qkv(x_q_btd, x_kv_bsd, q_pos_bt, kv_pos_bs)
     if isinstance(mask_bhts, MaskSpec):  # Fused kernel (model.attention_impl), mask never built.
       from t5like.models import attention_kernels
@@ -95,18 +97,39 @@ class Attention(nnx.Module):
       else:
         out_bthk = attention_kernels.cudnn_attention(q_bthk, k_bsgk, v_bsgk, mask_bhts)
     else:
-      out_bthk = dot_product_attention(q_bthk, k_bsgk, v_bsgk, mask_bhts,
+      out_bthk = dot_product_attention(q_bthk, k_bsgk, v_bsgk, mask_bhts, causal=causal,
                                        dropout_rate=self.cfg.dropout_rate, rng=fold(rng, 0))
     return self.project_out(out_bthk)
 
 
 def dot_product_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
-                          mask_bhts: jax.Array, *, dropout_rate: float = 0.0,
-                          rng: jax.Array | None = None) -> jax.Array:
+                          mask_bhts: jax.Array, *, causal: bool = False,
+                          dropout_rate: float = 0.0, rng: jax.Array | None = None) -> jax.Array:
   """softmax(q k^T / sqrt(d_h)) v with grouped kv heads; returns [batch, t, heads, kv].
 
-  ``mask_bhts`` is bool [batch, heads|1, t, s]; a fully-masked query row gives zeros.
+  ``mask_bhts`` is bool [batch, heads|1, t, s]; a fully-masked query row gives zeros. With
+  ``causal`` (the mask allows no key after its query: causal and packed-causal self-attention,
+  t == s) the queries go in blocks of ``CAUSAL_BLOCK`` rows, each attending only the keys up to
+  its own last row: the skipped keys are masked for every query of the block, so the result is
+  the same softmax, without their scores, exponentials and products (the core's forward and
+  backward on XLA:CPU, f32: 1.34x at 256 tokens, 1.8x at 512, 1.5x at 1024 and 2048;
+  docs/performance.md).
   """
+  t = q_bthk.shape[1]
+  if not causal or t <= CAUSAL_BLOCK:
+    return _attend(q_bthk, k_bsgk, v_bsgk, mask_bhts, dropout_rate, rng)
+  assert k_bsgk.shape[1] == t, "a causal mask pairs every query with its own key position"
+  out = []
+  for i, start in enumerate(range(0, t, CAUSAL_BLOCK)):
+    end = min(start + CAUSAL_BLOCK, t)
+    out.append(_attend(q_bthk[:, start:end], k_bsgk[:, :end], v_bsgk[:, :end],
+                       mask_bhts[:, :, start:end, :end], dropout_rate, fold(rng, i)))
+  return jnp.concatenate(out, axis=1)
+
+
+def _attend(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array, mask_bhts: jax.Array,
+            dropout_rate: float, rng: jax.Array | None) -> jax.Array:
+  """The attention core over the whole given key range: [batch, t, heads, kv]."""
   dt = q_bthk.dtype
   b, t, h, k = q_bthk.shape
   g = k_bsgk.shape[2]

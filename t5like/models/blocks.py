@@ -23,6 +23,7 @@ class SelfContext(NamedTuple):
   mask_fwd: jax.Array | MaskSpec  # [batch, heads|1, length, length] mask of forward (or all)
   #   layers; a MaskSpec for the fused kernels (model.attention_impl != "xla").
   mask_bwd: jax.Array | None  # Mask of backward layers (mixed_attention="per_layer"), else None.
+  causal: bool = False  # The masks allow no key after its query (the core skips those blocks).
 
 
 class CrossContext(NamedTuple):
@@ -60,7 +61,7 @@ class SelfAttentionBlock(nnx.Module):
     del cross
     h = self.pre_attention_norm(x_btd)
     h = self.attention(h, h, ctx.rope_bt, ctx.rope_bt, layer_mask(ctx, layer_idx),
-                       rng=fold(rng, 1))
+                       causal=ctx.causal, rng=fold(rng, 1))
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 2))
     h = self.mlp(self.pre_mlp_norm(x_btd), rng=fold(rng, 3))
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 4))
@@ -84,7 +85,7 @@ class EncoderDecoderBlock(nnx.Module):
     assert cross is not None, "the decoder block needs the encoder outputs"
     h = self.pre_self_attention_norm(x_btd)
     h = self.self_attention(h, h, ctx.rope_bt, ctx.rope_bt, layer_mask(ctx, layer_idx),
-                            rng=fold(rng, 1))
+                            causal=ctx.causal, rng=fold(rng, 1))
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 2))
     h = self.pre_cross_attention_norm(x_btd)
     h = self.cross_attention(h, cross.encoded_bsd, ctx.rope_bt, cross.enc_rope_bs,

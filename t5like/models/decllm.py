@@ -34,7 +34,7 @@ def self_context(cfg: ModelConfig, segment_ids_bt: jax.Array, positions_bt: jax.
   if cfg.attention_impl != "xla" and not materialize:
     return SelfContext(rope_bt, spec, None)
   bwd = masks.materialize(spec._replace(backward=True)) if mixed == "per_layer" else None
-  return SelfContext(rope_bt, masks.materialize(spec), bwd)
+  return SelfContext(rope_bt, masks.materialize(spec), bwd, causal=kind == "causal")
 
 
 def default_positions(tokens_bt: jax.Array) -> jax.Array:

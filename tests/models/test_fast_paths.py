@@ -13,7 +13,7 @@ from flax import nnx
 
 from helpers import tiny_model, tokens
 from numerics import assert_close_to_scale, assert_trees_close_to_scale
-from t5like.models import decllm, masks, redllm
+from t5like.models import attention, decllm, masks, redllm
 from t5like.models.attention import NEG_INF, attention_weights
 from t5like.models.layers import matmul_2d, project, transpose_kernel
 from t5like.models.losses import cross_entropy_with_z_loss
@@ -186,3 +186,80 @@ def test_rope_table_once_per_forward_equals_rotating_in_every_layer(family, atte
   per_layer = loss_and_grads()
   assert_close_to_scale(table[0], per_layer[0])
   assert_trees_close_to_scale(table[1], per_layer[1])
+
+
+def _dot_key_lengths(fn, *args) -> list[int]:
+  """The key lengths (last output axis) of every score product ``fn``'s jaxpr computes."""
+  jaxpr = jax.make_jaxpr(fn)(*args)
+  out = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general" and eqn.outvars[0].aval.ndim == 4:
+      out.append(eqn.outvars[0].aval.shape[-1])
+  return out
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("dtype, rel", DTYPES)
+def test_causal_blocks_equal_the_whole_softmax(kv_heads, dtype, rel, monkeypatch):
+  """Causal query blocks, each attending only the keys up to its own last row, give the softmax
+  over every key (those keys are masked for the whole block): packed causal rows with padding,
+  grouped kv heads, forward and gradients; and the blocks really skip keys."""
+  monkeypatch.setattr(attention, "CAUSAL_BLOCK", 4)  # 12 queries: blocks of 4, 4 and 4.
+  r = jax.random.split(jax.random.key(5), 4)
+  q = jax.random.normal(r[0], (2, 12, 4, 8))
+  k = jax.random.normal(r[1], (2, 12, kv_heads, 8))
+  v = jax.random.normal(r[2], (2, 12, kv_heads, 8))
+  seg = jnp.array([[1] * 5 + [2] * 4 + [0] * 3, [1] * 12])
+  mask = masks.self_attention_mask(seg, kind="causal")
+  cot = jax.random.normal(r[3], (2, 12, 4, 8))
+
+  def core(causal):
+    return lambda a, b, c: attention.dot_product_attention(a, b, c, mask, causal=causal)
+
+  ref, ref_vjp = jax.vjp(core(False), q, k, v)  # float32 reference, every key.
+  dt = jnp.dtype(dtype)
+  got, vjp = jax.vjp(core(True), q.astype(dt), k.astype(dt), v.astype(dt))
+  assert got.dtype == dt
+  assert_close_to_scale(got, ref, rel)
+  assert float(jnp.abs(got[0, -3:]).max()) == 0.0  # Padding queries still attend to nothing.
+  for g, want in zip(vjp(cot.astype(dt)), ref_vjp(cot)):
+    assert_close_to_scale(g, want, rel)
+  assert _dot_key_lengths(core(True), q, k, v)[::2] == [4, 8, 12]  # Scores, then PV per block.
+  assert _dot_key_lengths(core(False), q, k, v)[::2] == [12]
+
+
+@pytest.mark.parametrize("family", ["decllm", "redllm"])
+def test_causal_blocks_in_the_model_equal_one_block(family, monkeypatch):
+  """Loss and gradients of a packed batch with the causal stacks in blocks of 4 queries equal
+  one block (DecLLM causal self-attention; RedLLM's decoder, continuous positions); the prefix
+  and bidirectional masks are not causal and must not be split (they would lose later keys)."""
+  batch = _packed_batch(family)
+
+  def loss_and_grads(attention_kind="causal"):
+    model = tiny_model(family, decoder_attention=attention_kind)
+    graphdef, params = nnx.split(model, nnx.Param)
+
+    def loss(p):
+      logits = nnx.merge(graphdef, p)(batch)
+      return cross_entropy_with_z_loss(logits, batch["decoder_target_tokens"],
+                                       (batch["decoder_segment_ids"] > 0).astype(jnp.float32),
+                                       1e-4).loss
+    return jax.jit(jax.value_and_grad(loss))(params)  # Traced anew: a new function each call.
+
+  whole = loss_and_grads()
+  whole_prefix = loss_and_grads("prefix") if family == "decllm" else None
+  monkeypatch.setattr(attention, "CAUSAL_BLOCK", 4)
+  key_lengths = []  # Of every self-attention core the model traces (cross-attention: 10 keys).
+  attend = attention._attend
+  monkeypatch.setattr(attention, "_attend",
+                      lambda q, k, *a: key_lengths.append(k.shape[1]) or attend(q, k, *a))
+  blocks = loss_and_grads()
+  assert {4, 8, 12} <= set(key_lengths), key_lengths  # The causal stack did run in blocks.
+  assert_close_to_scale(blocks[0], whole[0])
+  assert_trees_close_to_scale(blocks[1], whole[1])
+  if family == "decllm":
+    key_lengths.clear()
+    prefix = loss_and_grads("prefix")
+    assert set(key_lengths) == {12}, key_lengths
+    assert_close_to_scale(prefix[0], whole_prefix[0])
+    assert_trees_close_to_scale(prefix[1], whole_prefix[1])

@@ -26,7 +26,8 @@ except ImportError:  # pragma: no cover
     return x
 
 NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)  # Finite, so fully-masked rows stay NaN-free.
-CAUSAL_BLOCK = 128  # Query rows per block of a causal mask (``dot_product_attention``).
+CAUSAL_BLOCK = 128  # Fewest query rows per block of a causal mask (``dot_product_attention``),
+CAUSAL_MAX_BLOCKS = 8  # and most blocks: at 2,048 tokens 8 blocks of 256 (TPU compile time).
 
 
 class Attention(nnx.Module):
@@ -109,19 +110,20 @@ def dot_product_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Arra
 
   ``mask_bhts`` is bool [batch, heads|1, t, s]; a fully-masked query row gives zeros. With
   ``causal`` (the mask allows no key after its query: causal and packed-causal self-attention,
-  t == s) the queries go in blocks of ``CAUSAL_BLOCK`` rows, each attending only the keys up to
-  its own last row: the skipped keys are masked for every query of the block, so the result is
-  the same softmax, without their scores, exponentials and products (the core's forward and
-  backward on XLA:CPU, f32: 1.34x at 256 tokens, 1.8x at 512, 1.5x at 1024 and 2048;
-  docs/performance.md).
+  t == s) the queries go in blocks of at least ``CAUSAL_BLOCK`` rows (at most
+  ``CAUSAL_MAX_BLOCKS`` blocks), each attending only the keys up to its own last row: the
+  skipped keys are masked for every query of the block, so the result is the same softmax,
+  without their scores, exponentials and products (the core's forward and backward on XLA:CPU,
+  f32: 1.34x at 256 tokens, 1.8x at 512, 1.5-2x at 1024 and 2048; docs/performance.md).
   """
   t = q_bthk.shape[1]
-  if not causal or t <= CAUSAL_BLOCK:
+  block = max(CAUSAL_BLOCK, -(-t // CAUSAL_MAX_BLOCKS))
+  if not causal or t <= block:
     return _attend(q_bthk, k_bsgk, v_bsgk, mask_bhts, dropout_rate, rng)
   assert k_bsgk.shape[1] == t, "a causal mask pairs every query with its own key position"
   out = []
-  for i, start in enumerate(range(0, t, CAUSAL_BLOCK)):
-    end = min(start + CAUSAL_BLOCK, t)
+  for i, start in enumerate(range(0, t, block)):
+    end = min(start + block, t)
     out.append(_attend(q_bthk[:, start:end], k_bsgk[:, :end], v_bsgk[:, :end],
                        mask_bhts[:, :, start:end, :end], dropout_rate, fold(rng, i)))
   return jnp.concatenate(out, axis=1)

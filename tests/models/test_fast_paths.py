@@ -226,6 +226,8 @@ def test_causal_blocks_equal_the_whole_softmax(kv_heads, dtype, rel, monkeypatch
     assert_close_to_scale(g, want, rel)
   assert _dot_key_lengths(core(True), q, k, v)[::2] == [4, 8, 12]  # Scores, then PV per block.
   assert _dot_key_lengths(core(False), q, k, v)[::2] == [12]
+  monkeypatch.setattr(attention, "CAUSAL_MAX_BLOCKS", 2)  # Longer blocks, not more of them.
+  assert _dot_key_lengths(core(True), q, k, v)[::2] == [6, 12]
 
 
 @pytest.mark.parametrize("family", ["decllm", "redllm"])

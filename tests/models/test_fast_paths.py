@@ -160,6 +160,19 @@ def _packed_batch(family: str) -> dict:
   return batch
 
 
+def _loss_and_grads(family: str, attention: str, batch: dict):
+  """Loss (with z-loss) and parameter gradients of a tiny model on ``batch``, traced anew."""
+  model = tiny_model(family, decoder_attention=attention)
+  graphdef, params = nnx.split(model, nnx.Param)
+
+  def loss(p):
+    logits = nnx.merge(graphdef, p)(batch)
+    return cross_entropy_with_z_loss(logits, batch["decoder_target_tokens"],
+                                     (batch["decoder_segment_ids"] > 0).astype(jnp.float32),
+                                     1e-4).loss
+  return jax.jit(jax.value_and_grad(loss))(params)  # A new function: traced on every call.
+
+
 @pytest.mark.parametrize("family, attention", [("decllm", "causal"), ("decllm", "prefix"),
                                                ("redllm", "causal")])
 def test_rope_table_once_per_forward_equals_rotating_in_every_layer(family, attention,
@@ -169,21 +182,10 @@ def test_rope_table_once_per_forward_equals_rotating_in_every_layer(family, atte
   gradients of packed batches agree (DecLLM causal and prefix, RedLLM with continuous positions
   and cross-attention RoPE)."""
   batch = _packed_batch(family)
-  model = tiny_model(family, decoder_attention=attention)
-  graphdef, params = nnx.split(model, nnx.Param)
-
-  def loss_and_grads():
-    def loss(p):
-      logits = nnx.merge(graphdef, p)(batch)
-      return cross_entropy_with_z_loss(logits, batch["decoder_target_tokens"],
-                                       (batch["decoder_segment_ids"] > 0).astype(jnp.float32),
-                                       1e-4).loss
-    return jax.jit(jax.value_and_grad(loss))(params)  # Traced anew: a new function each call.
-
-  table = loss_and_grads()
+  table = _loss_and_grads(family, attention, batch)
   for module in (decllm, redllm):  # Integer positions reach every layer's ``apply_rope``.
     monkeypatch.setattr(module, "rotary_table", lambda positions, *args: positions)
-  per_layer = loss_and_grads()
+  per_layer = _loss_and_grads(family, attention, batch)
   assert_close_to_scale(table[0], per_layer[0])
   assert_trees_close_to_scale(table[1], per_layer[1])
 
@@ -236,29 +238,17 @@ def test_causal_blocks_in_the_model_equal_one_block(family, monkeypatch):
   one block (DecLLM causal self-attention; RedLLM's decoder, continuous positions); prefix
   masks are not causal and are never split."""
   batch = _packed_batch(family)
-
-  def loss_and_grads(attention_kind="causal"):
-    model = tiny_model(family, decoder_attention=attention_kind)
-    graphdef, params = nnx.split(model, nnx.Param)
-
-    def loss(p):
-      logits = nnx.merge(graphdef, p)(batch)
-      return cross_entropy_with_z_loss(logits, batch["decoder_target_tokens"],
-                                       (batch["decoder_segment_ids"] > 0).astype(jnp.float32),
-                                       1e-4).loss
-    return jax.jit(jax.value_and_grad(loss))(params)  # Traced anew: a new function each call.
-
-  whole = loss_and_grads()
+  whole = _loss_and_grads(family, "causal", batch)
   monkeypatch.setattr(attention, "CAUSAL_BLOCK", 4)
   key_lengths = []  # Of every self-attention core the model traces (cross-attention: 10 keys).
   attend = attention._attend
   monkeypatch.setattr(attention, "_attend",
                       lambda q, k, *a: key_lengths.append(k.shape[1]) or attend(q, k, *a))
-  blocks = loss_and_grads()
+  blocks = _loss_and_grads(family, "causal", batch)
   assert {4, 8, 12} <= set(key_lengths), key_lengths  # The causal stack did run in blocks.
   assert_close_to_scale(blocks[0], whole[0])
   assert_trees_close_to_scale(blocks[1], whole[1])
   if family == "decllm":  # A prefix mask lets the prefix see later keys: never in blocks.
     key_lengths.clear()
-    loss_and_grads("prefix")
+    _loss_and_grads(family, "prefix", batch)
     assert set(key_lengths) == {12}, key_lengths

@@ -1,6 +1,7 @@
 """8 fake CPU devices (in a subprocess), mesh data=2 x fsdp=2 x tensor=2:
 
-- one sharded train step equals the single-device step within fp32 tolerance (both families);
+- one sharded train step equals the single-device step within fp32 tolerance (both families;
+  causal self-attention in query blocks);
 - parameters and optimizer state are laid out as the rule table says;
 - misconfigured meshes / batches fail before compiling, with a message;
 - a checkpoint written on 8 devices restores on 1 device (this process) with identical values.
@@ -25,9 +26,12 @@ import json, os, sys
 import jax, numpy as np
 from t5like import partitioning
 from t5like.config import ConfigError, to_dict
+from t5like.models import attention
 from t5like.training import checkpointing, loop, state as state_lib, step as step_lib
 from t5like.training.data import SyntheticData, global_batch
 from train_helpers import tiny_config
+
+attention.CAUSAL_BLOCK = 8  # Causal attention in query blocks on the mesh too (32 tokens: 4).
 
 out_dir = sys.argv[1]
 assert jax.device_count() == 8

@@ -87,13 +87,16 @@ def breakdown(name: str, dtype: str, reps: int) -> list[tuple[str, float]]:
 
   dt = jnp.dtype(dtype)
   b, t = batch["decoder_input_tokens"].shape
-  # Per-layer attention calls: DecLLM layers; RedLLM encoder self, decoder self + cross.
+  # Per-layer attention calls (queries, keys, mask kind): DecLLM layers (a prefix mask timed as
+  # bidirectional); RedLLM encoder self, decoder self + cross.
   enc_t = batch.get("encoder_input_tokens", batch["decoder_input_tokens"]).shape[1]
   if m.family == "decllm":
-    attn_calls, mlp_calls = [(t, t)] * m.num_layers, m.num_layers
+    kind = "causal" if m.decoder_attention == "causal" else "bidirectional"
+    attn_calls, mlp_calls = [(t, t, kind)] * m.num_layers, m.num_layers
   else:
-    attn_calls = ([(enc_t, enc_t)] * m.num_encoder_layers + [(t, t)] * m.num_decoder_layers
-                  + [(t, enc_t)] * m.num_decoder_layers)
+    attn_calls = ([(enc_t, enc_t, "bidirectional")] * m.num_encoder_layers
+                  + [(t, t, "causal")] * m.num_decoder_layers
+                  + [(t, enc_t, "cross")] * m.num_decoder_layers)
     mlp_calls = m.num_encoder_layers + m.num_decoder_layers
   rngs = nnx.Rngs(0)
   key = jax.random.key(1)
@@ -102,20 +105,21 @@ def breakdown(name: str, dtype: str, reps: int) -> list[tuple[str, float]]:
   proj = core = normrope = 0.0
   attn = Attention(m, rngs=rngs)
   gdef, aparams = nnx.split(attn)
-  for tq, tk in attn_calls:
-    if (tq, tk) not in cache:
+  for tq, tk, kind in attn_calls:
+    causal = kind == "causal"  # Query blocks skip later keys (``dot_product_attention``).
+    if (tq, tk, kind) not in cache:
       xq = jax.random.normal(key, (b, tq, m.d_model), dt)
       xk = jax.random.normal(key, (b, tk, m.d_model), dt)
       pq = jnp.broadcast_to(jnp.arange(tq), (b, tq))
       pk = jnp.broadcast_to(jnp.arange(tk), (b, tk))
       seg_q, seg_k = jnp.ones((b, tq), jnp.int32), jnp.ones((b, tk), jnp.int32)
-      mask = (masks.self_attention_mask(seg_q, kind="causal") if tq == tk
-              else masks.cross_attention_mask(seg_q, seg_k))
+      mask = (masks.cross_attention_mask(seg_q, seg_k) if kind == "cross"
+              else masks.self_attention_mask(seg_q, kind=kind))
       q = jax.random.normal(key, (b, tq, m.num_heads, m.head_dim), dt)
       k = jax.random.normal(key, (b, tk, m.kv_heads, m.head_dim), dt)
 
       def full(p, xq, xk):
-        return nnx.merge(gdef, p)(xq, xk, pq, pk, mask)
+        return nnx.merge(gdef, p)(xq, xk, pq, pk, mask, causal=causal)
 
       def projections(p, xq, xk):
         a = nnx.merge(gdef, p)
@@ -130,13 +134,13 @@ def breakdown(name: str, dtype: str, reps: int) -> list[tuple[str, float]]:
                 apply_rope(a.k_norm(k), pk, m.rope_max_wavelength), a.v_norm(k))
 
       def attention_core(q, k, v):
-        return dot_product_attention(q, k, v, mask)
-      cache[(tq, tk)] = (
+        return dot_product_attention(q, k, v, mask, causal=causal)
+      cache[(tq, tk, kind)] = (
           _time(_fwd_bwd(full), aparams, xq, xk, reps=reps),
           _time(_fwd_bwd(projections), aparams, xq, xk, reps=reps),
           _time(_fwd_bwd(norm_rope), aparams, q, k, reps=reps),
           _time(_fwd_bwd(attention_core), q, k, k, reps=reps))
-    _, p_, n_, c_ = cache[(tq, tk)]
+    _, p_, n_, c_ = cache[(tq, tk, kind)]
     proj, normrope, core = proj + p_, normrope + n_, core + c_
   rows += [("attention projections (Q/K/V/out)", proj), ("Q/K/V norms + RoPE", normrope),
            ("attention core (scores, mask, softmax, PV)", core)]

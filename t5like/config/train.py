@@ -51,6 +51,8 @@ class TrainConfig:
   #   dimensions are both at least this big; smaller arrays keep a full second moment.
   adafactor_clipping_threshold: float = 1.0  # Adafactor's per-array update RMS clipping (0 = off).
   adafactor_scale_by_param_rms: bool = True  # Scale updates by the parameter RMS (relative steps).
+  adafactor_per_layer: bool = True  # Update clipping and parameter RMS per layer of a stacked
+  #   [layers, ...] array (as T5X with scanned layers); False = over the whole stack at once.
   clip_grad_norm: float = 1.0  # Global-norm gradient clipping before Adafactor (0 disables).
   z_loss: float = 1e-4  # Coefficient of the z-loss (log Z)^2 term (0 = none).
   seed: int = 0  # Parameter init and dropout seed.

@@ -7,11 +7,14 @@ optax: the schedule then depends only on the step, also when a non-finite step w
 the logged learning rate is exactly the one used. Adafactor's own count (the ``t^-0.8`` decay)
 advances only with applied updates.
 
-Note on stacked layers: parameters of a layer stack are one ``[layers, ...]`` array. optax's
-Adafactor factors the two largest dimensions (never ``layers`` at the paper's sizes), so the
-second-moment estimate is per layer as in T5X; its update clipping (RMS of the update) and
-parameter scale (RMS of the parameter) are computed over the whole stacked array, i.e. over all
-layers together, where T5X computes them per layer.
+Stacked layers: the parameters of a layer stack are one ``[layers, ...]`` array. optax's
+Adafactor factors the two largest dimensions (never ``layers`` at the paper's sizes), so its
+second-moment estimate is already per layer; its update clipping (RMS of the update) and
+parameter scale (RMS of the parameter) would be computed over the whole stacked array. With
+``train.adafactor_per_layer`` (the default) those two stateless steps run per layer instead
+(optax's own transforms under ``jax.vmap`` over ``layers``), as T5X does for scanned layers:
+a 24-layer DecLLM stack and a 12+12-layer RedLLM then take the same step per layer. The
+optimizer state is the same pytree either way, so checkpoints do not depend on the choice.
 """
 from __future__ import annotations
 
@@ -41,21 +44,75 @@ def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
       end_value=end)
 
 
-def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-  """Global-norm clipping, then Adafactor (decay 0.8, factored second moments), no lr yet."""
+def stacked_leaves(param_axes: Any) -> Any:
+  """True for each parameter whose logical axes start with ``layers`` (a stacked layer array)."""
+  return jax.tree.map(lambda axes: bool(axes) and axes[0] == "layers", param_axes,
+                      is_leaf=lambda x: isinstance(x, tuple))
+
+
+def per_layer(inner: optax.GradientTransformation, stacked: Any) -> optax.GradientTransformation:
+  """``inner`` (a stateless per-array transform) applied to each layer of the stacked leaves.
+
+  ``stacked`` is a pytree of bools shaped like the parameters. optax has no per-slice variant
+  of its block-RMS transforms, hence this vmap; unstacked leaves go to ``inner`` unchanged.
+  """
+  def update_fn(updates, state, params=None):
+    def apply(u, p):  # One array, or under vmap one layer of it.
+      return inner.update(u, state, p)[0]
+
+    def one(u, p, is_stacked):
+      return jax.vmap(apply)(u, p) if is_stacked else apply(u, p)
+
+    if params is None:  # clip_by_block_rms needs no parameters.
+      return jax.tree.map(lambda u, s: one(u, None, s), updates, stacked), state
+    return jax.tree.map(one, updates, params, stacked), state
+
+  return optax.GradientTransformation(inner.init, update_fn)
+
+
+def make_optimizer(cfg: TrainConfig, param_axes: Any = None) -> optax.GradientTransformation:
+  """Global-norm clipping, then Adafactor (decay 0.8, factored second moments), no lr yet.
+
+  ``param_axes`` (the parameters' logical axes) marks the stacked ``[layers, ...]`` arrays for
+  ``cfg.adafactor_per_layer``; without it every array is one block (optax's behaviour).
+  """
   parts = []
   if cfg.clip_grad_norm > 0:
     parts.append(optax.clip_by_global_norm(cfg.clip_grad_norm))
-  parts.append(optax.adafactor(
-      learning_rate=None,  # Applied by the train step: see the module docstring.
-      min_dim_size_to_factor=cfg.adafactor_min_dim_to_factor,
-      decay_rate=cfg.adafactor_decay_rate,
-      decay_offset=0,
-      multiply_by_parameter_scale=cfg.adafactor_scale_by_param_rms,
-      clipping_threshold=cfg.adafactor_clipping_threshold or None,
-      momentum=None,
-  ))
+  stacked = (stacked_leaves(param_axes) if cfg.adafactor_per_layer and param_axes is not None
+             else None)
+  blockwise = (lambda tx: per_layer(tx, stacked)) if stacked is not None else (lambda tx: tx)
+  # optax.adafactor(learning_rate=None, momentum=None) step by step, so that the two block-RMS
+  # steps can run per layer; the chain (and so the state pytree) is the same as optax's.
+  ada = [optax.scale_by_factored_rms(
+      factored=True, decay_rate=cfg.adafactor_decay_rate, step_offset=0,
+      min_dim_size_to_factor=cfg.adafactor_min_dim_to_factor)]
+  if cfg.adafactor_clipping_threshold:
+    ada.append(blockwise(optax.clip_by_block_rms(cfg.adafactor_clipping_threshold)))
+  if cfg.adafactor_scale_by_param_rms:
+    ada.append(blockwise(optax.scale_by_param_block_rms()))
+  ada.append(optax.scale(-1))
+  parts.append(optax.chain(*ada))
   return optax.chain(*parts)
+
+
+# Adafactor settings a resumed run should keep, with the value a checkpoint saved before the
+# setting existed was trained with.
+ADAFACTOR_SETTINGS = {"adafactor_decay_rate": None, "adafactor_clipping_threshold": None,
+                      "adafactor_scale_by_param_rms": None, "adafactor_per_layer": False}
+
+
+def changed_settings(saved_config: dict, cfg: TrainConfig) -> list[str]:
+  """The Adafactor settings of ``cfg`` that differ from those a checkpoint was trained with."""
+  saved = (saved_config or {}).get("train")
+  if not isinstance(saved, dict):
+    return []
+  out = []
+  for name, before in ADAFACTOR_SETTINGS.items():
+    was, now = saved.get(name, before), getattr(cfg, name)
+    if was is not None and was != now:
+      out.append(f"train.{name}: checkpoint {was!r} vs config {now!r}")
+  return out
 
 
 def factored_dims(shape: tuple[int, ...], min_dim: int) -> tuple[int, int] | None:

@@ -84,9 +84,9 @@ def _init_fn(cfg: Config, tx: optax.GradientTransformation):
 
 def build_setup(cfg: Config, mesh: Mesh) -> TrainSetup:
   """Abstract, sharded layout of the train state for ``cfg`` on ``mesh`` (allocates nothing)."""
-  tx = opt_lib.make_optimizer(cfg.train)
   with partitioning.axis_rules():
     graphdef, abs_params, param_axes = _model_parts(cfg)
+    tx = opt_lib.make_optimizer(cfg.train, param_axes)
     abs_state = jax.eval_shape(_init_fn(cfg, tx))
   opt_axes = opt_lib.optimizer_state_axes(abs_state.opt_state, abs_params, param_axes,
                                           cfg.train.adafactor_min_dim_to_factor)

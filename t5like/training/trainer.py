@@ -18,6 +18,7 @@ from t5like.evaluation.perplexity import held_out_metrics, pad_rows
 from t5like.training import aot, checkpointing
 from t5like.training import data as data_lib
 from t5like.training import flops as flops_lib
+from t5like.training import optimizer as opt_lib
 from t5like.training import state as state_lib
 from t5like.training import step as step_lib
 from t5like.training.metrics import IntervalStats, MetricsWriter
@@ -71,6 +72,9 @@ class Trainer:
           raise ConfigError(f"{self.ckpt.directory} holds checkpoints of a different model "
                             f"({'; '.join(bad)}); use a new --workdir or set "
                             "checkpoint.resume=false")
+        for change in opt_lib.changed_settings(saved, cfg.train):
+          log.warning("resuming with another optimizer setting than the checkpoint was trained "
+                      "with (%s); pass the checkpoint's value to keep its behaviour", change)
       restored = self.ckpt.restore(
           setup.abstract_state, self.train_iter if cfg.checkpoint.restore_data else None,
           check_config)

@@ -2,6 +2,7 @@
 (Multi-device cases — batch vs data shards — are in test_train_multidevice.py.)"""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -58,5 +59,14 @@ def test_resuming_with_other_data_settings_is_an_error_not_corruption(tmp_path):
   assert os.path.isdir(tmp_path / "checkpoints" / "2")  # Not moved aside as corrupt.
   assert not os.path.exists(tmp_path / "corrupt_checkpoints")
   cfg.checkpoint.restore_data = False  # The documented way out: keep the state, new data.
+  # The checkpoint as one written before train.adafactor_per_layer existed (whole-stack RMS):
+  # resuming warns that the optimizer now behaves otherwise.
+  meta = tmp_path / "checkpoints" / "2" / "config" / "metadata"
+  saved = json.loads(meta.read_text())
+  del saved["train"]["adafactor_per_layer"]
+  meta.write_text(json.dumps(saved))
   result = loop.run(cfg, str(tmp_path), data=SyntheticData(cfg))
   assert result["resumed_from_step"] == 2 and result["step"] == 4
+  assert ("WARNING resuming with another optimizer setting than the checkpoint was trained with "
+          "(train.adafactor_per_layer: checkpoint False vs config True)"
+          in (tmp_path / "train.log").read_text())

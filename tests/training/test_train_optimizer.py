@@ -1,9 +1,12 @@
 """Schedules, Adafactor state layout, sharding fallbacks and the FLOP convention (no training)."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from t5like import partitioning
@@ -45,6 +48,68 @@ def test_factored_state_axes_follow_the_parameter():
   # w [2, 256, 512]: v_row drops the largest dim (mlp), v_col the second largest (embed).
   assert row == [("layers", "embed")] and col == [("layers", "mlp")]
   assert full == [("embed",)]
+
+
+def _stacked_problem():
+  """Stacked and unstacked leaves whose layers differ in scale, so that per-layer RMS matters."""
+  rng = np.random.default_rng(0)
+  layer_scale = np.array([0.1, 1.0, 30.0], np.float32)
+  params = {"w": rng.normal(size=(3, 256, 384)).astype(np.float32) * layer_scale[:, None, None],
+            "n": rng.normal(size=(3, 16)).astype(np.float32) * layer_scale[:, None],
+            "b": rng.normal(size=(256,)).astype(np.float32),
+            "e": rng.normal(size=(300, 128)).astype(np.float32)}
+  axes = {"w": ("layers", "embed", "mlp"), "n": ("layers", "kv"), "b": ("embed",),
+          "e": ("vocab", "embed")}
+  grads = [{k: (rng.normal(size=v.shape) * (1 + 5 * (v.ndim > 1 and k in "wn")
+                                           * np.arange(v.shape[0]).reshape(-1, *[1] * (v.ndim - 1)))
+                ).astype(np.float32) for k, v in params.items()} for _ in range(3)]
+  return params, axes, grads
+
+
+def _unstack(tree):
+  out = {k: tree[k] for k in ("b", "e")}
+  out.update({f"{k}{i}": tree[k][i] for k in ("w", "n") for i in range(3)})
+  return out
+
+
+def _run(tx, params, grads):
+  state, updates = tx.init(params), []
+  for g in grads:
+    u, state = tx.update(g, state, params)
+    params = optax.apply_updates(params, u)
+    updates.append(u)
+  return updates, state
+
+
+def test_per_layer_adafactor_equals_optax_adafactor_on_each_layer():
+  params, axes, grads = _stacked_problem()
+  cfg = TrainConfig(clip_grad_norm=0)  # Global-norm clipping would couple the layers.
+  per_layer, _ = _run(optimizer.make_optimizer(cfg, axes), params, grads)
+  reference = optax.adafactor(learning_rate=None, momentum=None, decay_offset=0)
+  ref, _ = _run(reference, _unstack(params), [_unstack(g) for g in grads])
+  for got, want in zip(per_layer, ref):
+    got = _unstack(got)
+    for k in want:
+      np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-9, err_msg=k)
+  # The whole-stack variant is optax.adafactor on the stacked arrays, and differs per layer.
+  whole, _ = _run(optimizer.make_optimizer(dataclasses.replace(cfg, adafactor_per_layer=False),
+                                           axes), params, grads)
+  stacked_ref, _ = _run(reference, params, grads)
+  for got, want in zip(whole, stacked_ref):
+    for k in want:
+      np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-9, err_msg=k)
+  for k in ("w0", "w2", "n0"):
+    diff = np.abs(_unstack(whole[0])[k] - ref[0][k]).max() / np.abs(ref[0][k]).max()
+    assert diff > 0.1, (k, diff)
+
+
+def test_per_layer_adafactor_keeps_optax_state_layout():
+  params, axes, _ = _stacked_problem()
+  ours = jax.eval_shape(optimizer.make_optimizer(TrainConfig(), axes).init, params)
+  theirs = jax.eval_shape(optax.chain(optax.clip_by_global_norm(1.0), optax.adafactor(
+      learning_rate=None, momentum=None, decay_offset=0)).init, params)
+  assert jax.tree.structure(ours) == jax.tree.structure(theirs)
+  assert jax.tree.map(lambda x: x.shape, ours) == jax.tree.map(lambda x: x.shape, theirs)
 
 
 def test_fitted_spec_replicates_what_the_mesh_does_not_divide():

@@ -28,7 +28,7 @@ HUGE_PAGES := $(if $(filter 0,$(T5LIKE_HUGE_PAGES)),,GLIBC_TUNABLES=$(if $(GLIBC
 # Two pytest workers (pytest-xdist): most of a test's time is single-threaded XLA compilation.
 # --dist loadscope: a module stays on one worker, so its module-scoped fixtures run once.
 test: $(STAMP)
-	$(HUGE_PAGES) $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadscope $(PYTEST_ARGS)
+	$(HUGE_PAGES) $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Longer end-to-end checks (marked `slow`), excluded from `make test`.
 test-slow: $(STAMP)

@@ -196,6 +196,9 @@ def test_reader_never_rereads_a_prefix_when_interleaving_many_files(tmp_path, mo
 def test_mixing_counts_are_cached_next_to_the_data_and_invalidated(flan_root, tmp_path):
   root = tmp_path / "flan"
   shutil.copytree(flan_root, root)
+  # The shared corpus may already hold a cache from an earlier test (copied with its files'
+  # mtimes, so still valid): start from none.
+  (root / counts.CACHE_NAME).unlink(missing_ok=True)
   first = counts.CorpusCounts(str(root), sources.FLAN_SCHEMA)
   define = [p for t in sources.flan_tasks(str(root)) for s, p in t.splits
             if s == "train" and t.task == "define"]

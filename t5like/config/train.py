@@ -66,7 +66,7 @@ class TrainConfig:
   max_nonfinite_steps: int = 10  # Stop with an error after this many consecutive steps whose loss
   #   or gradient was NaN/Inf (each such step is skipped: no update is applied).
   peak_flops_per_device: float = 0.0  # Peak FLOP/s of one device for MFU; 0 = look it up from the
-  #   device kind (TPU/GPU tables; CPU: 5.69e11 per machine shared by its devices).
+  #   device kind (TPU/GPU tables; CPU: a matmul probe once per process, shared by its devices).
   progress_bar: bool = True  # Console progress bar with ETA (process 0 only).
 
   def validate(self) -> "TrainConfig":

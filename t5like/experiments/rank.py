@@ -20,7 +20,8 @@ def _summary(result: dict[str, Any], rows: int, output_dir: str) -> list[dict[st
   cache = epath.Path(output_dir) / "attention" / f"{result['name']}.json"
   if cache.exists():
     saved = json.loads(cache.read_text())
-    if saved.get("digest") == result["digest"] and saved.get("rows") == rows:
+    if (saved.get("digest") == result["digest"] and saved.get("config") == result.get("config")
+        and saved.get("rows") == rows):  # The same training (spec and resolved config).
       return saved["layers"]
   from t5like.evaluation import attention_analysis as aa
   from t5like.evaluation.checkpoint_eval import restore_model
@@ -28,7 +29,8 @@ def _summary(result: dict[str, Any], rows: int, output_dir: str) -> list[dict[st
   maps = aa.attention_maps(model, aa.held_out_batch(cfg, rows))
   layers = aa.summarize(maps)
   cache.parent.mkdir(parents=True, exist_ok=True)
-  cache.write_text(json.dumps({"digest": result["digest"], "rows": rows, "layers": layers}))
+  cache.write_text(json.dumps({"digest": result["digest"], "config": result.get("config"),
+                               "rows": rows, "layers": layers}))
   aa.plot_heads([m for m in maps if m.stack in INPUT_STACKS + ("cross",)][:3],
                 epath.Path(output_dir) / f"heads_{result['name']}.png",
                 title=f"{result['name']}: input self-attention (and cross) maps, row 0")

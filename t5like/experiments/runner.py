@@ -2,11 +2,13 @@
 
 Each run trains in ``<output_dir>/runs/<name>`` with train.py's own loop (so an interrupted run
 resumes from its last checkpoint) and is then scored on held-out data with eval.py's scoring.
-A finished run leaves ``result.json`` holding the run's digest: re-running the experiment skips
-it, and a changed spec (other size, steps, seed, ...) retrains it.
+A finished run leaves ``result.json`` holding the run's digest and its resolved config's digest:
+re-running the experiment skips it, and a changed spec (other size, steps, seed, ...) or a changed
+default of the config it resolves to (e.g. an optimizer setting) retrains it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -30,6 +32,16 @@ def run_config(run: RunSpec, workdirs: dict[str, str]):
   if run.init_from_run:
     overrides.append(f"train.init_from={workdirs[run.init_from_run]}")
   return load_config(os.path.join(CONFIGS, run.config), overrides)
+
+
+def config_digest(cfg) -> str:
+  """Digest of a run's resolved config: every field, defaults included, but ``train.init_from``
+  (a path; the run it starts from is part of the spec's own digest)."""
+  from t5like.config import to_dict
+  fields = to_dict(cfg)
+  fields["train"].pop("init_from", None)
+  blob = json.dumps(fields, sort_keys=True, default=str)
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def sequence_lengths(cfg) -> tuple[int, int]:
@@ -80,21 +92,24 @@ def run_experiment(spec: ExperimentSpec, output_dir: str, *,
   results: dict[str, dict[str, Any]] = {}
   for i, run in enumerate(spec.runs):
     done = epath.Path(workdirs[run.name]) / RESULT
+    cfg = run_config(run, workdirs)
     if done.exists():
       prev = json.loads(done.read_text())
-      if prev.get("digest") == run.digest():
+      if prev.get("digest") == run.digest() and prev.get("config") == config_digest(cfg):
         results[run.name] = _extra_evals(run, prev, spec.eval_batches, done)
         _notify(on_run, run.name, "skipped (finished earlier)")
         continue
-      log.warning("run %s changed since it finished; training it again", run.name)
+      log.warning("run %s changed since it finished (%s); training it again", run.name,
+                  "its spec" if prev.get("digest") != run.digest() else
+                  "the config it resolves to, e.g. a default")
     _notify(on_run, run.name, f"training ({i + 1}/{len(spec.runs)})")
-    cfg = run_config(run, workdirs)
     t0 = time.time()
     train_metrics = train(cfg, workdirs[run.name])
     train_s = time.time() - t0
     report = evaluate_checkpoint(workdirs[run.name], overrides=run.eval_overrides,
                                  per_task=False, max_batches=spec.eval_batches, write=False)
-    result = {"name": run.name, "digest": run.digest(), "tags": dict(run.tags),
+    result = {"name": run.name, "digest": run.digest(), "config": config_digest(cfg),
+              "tags": dict(run.tags),
               "workdir": workdirs[run.name], "train_seconds": round(train_s, 1),
               **measure(cfg, train_metrics, report)}
     done.write_text(json.dumps(result, indent=2, sort_keys=True, default=str))

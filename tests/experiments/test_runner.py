@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from t5like.experiments import runner
 from t5like.experiments.runner import run_experiment
 from t5like.experiments.spec import ExperimentSpec, RunSpec
 
@@ -40,7 +41,7 @@ def test_runner_measures_runs_and_skips_finished_ones(tmp_path, monkeypatch):
   assert r["inference_flops_per_sequence"] == inference_flops(  # Prefill + KV-cache decode.
       cfg.model, cfg.data.inputs_length, cfg.data.targets_length)["total"]
   stored = json.loads((tmp_path / "runs" / "dec" / "result.json").read_text())
-  assert stored["digest"] == run.digest()
+  assert stored["digest"] == run.digest() and stored["config"] == runner.config_digest(cfg)
 
   # Re-running skips training; an eval added since (a longer length) is scored without retraining.
   longer = dataclasses.replace(run, evals=(("x2", ("data.objective=prefix",
@@ -77,6 +78,19 @@ def test_runner_measures_runs_and_skips_finished_ones(tmp_path, monkeypatch):
   redo = run_experiment(changed, str(tmp_path))
   assert calls == [("train", r["workdir"]), ("eval", ())]
   assert redo["dec"]["objective"] == "causal" and redo["dec"]["digest"] != r["digest"]
+  # The same spec resolving to another config (a default changed since, here Adafactor's
+  # per-layer RMS) trains again too; unchanged, it is skipped.
+  calls.clear()
+  run_experiment(changed, str(tmp_path))
+  assert calls == []
+  resolve = runner.run_config
+  monkeypatch.setattr(runner, "run_config", lambda run, wd: dataclasses.replace(
+      resolve(run, wd), train=dataclasses.replace(resolve(run, wd).train,
+                                                  adafactor_per_layer=False)))
+  again = run_experiment(changed, str(tmp_path))
+  assert calls == [("train", r["workdir"]), ("eval", ())]
+  assert again["dec"]["digest"] == redo["dec"]["digest"]
+  assert again["dec"]["config"] != redo["dec"]["config"]
 
 
 @pytest.mark.slow

@@ -96,8 +96,8 @@ def make_optimizer(cfg: TrainConfig, param_axes: Any = None) -> optax.GradientTr
   return optax.chain(*parts)
 
 
-# Adafactor settings a resumed run should keep, with the value a checkpoint saved before the
-# setting existed was trained with.
+# Adafactor settings a resumed run should keep, each with the value a checkpoint saved before the
+# setting existed was trained with (None: such a checkpoint is not compared).
 ADAFACTOR_SETTINGS = {"adafactor_decay_rate": None, "adafactor_clipping_threshold": None,
                       "adafactor_scale_by_param_rms": None, "adafactor_per_layer": False}
 

@@ -190,6 +190,25 @@ def test_rope_table_once_per_forward_equals_rotating_in_every_layer(family, atte
   assert_trees_close_to_scale(table[1], per_layer[1])
 
 
+@pytest.mark.parametrize("family", ["decllm", "redllm"])
+def test_unrolled_layers_compute_the_rope_table_once(family):
+  """XLA:CPU drops optimization barriers before it fuses: ``rotary_table`` keeps the sin/cos a
+  buffer there (a conditional), else every layer's rotation recomputed them, forward and
+  backward. The compiled loss-and-gradient of an unrolled model computes each table once (DecLLM:
+  its positions; RedLLM: encoder and decoder positions), not once per layer and rotation."""
+  batch = _packed_batch(family)
+  model = tiny_model(family, scan_layers=False)
+  graphdef, params = nnx.split(model, nnx.Param)
+
+  def loss(p, b):  # The batch an argument, as in training (constant positions fold the table).
+    logits = nnx.merge(graphdef, p)(b)
+    return cross_entropy_with_z_loss(logits, b["decoder_target_tokens"], None, 1e-4).loss
+  hlo = jax.jit(jax.grad(loss)).lower(params, batch).compile().as_text()
+  tables = 1 if family == "decllm" else 2
+  # Each table's cosine appears once in each of the conditional's two (identical) branches.
+  assert hlo.count(" cosine(") == 2 * tables, hlo.count(" cosine(")
+
+
 def _dot_key_lengths(fn, *args) -> list[int]:
   """The key lengths (last output axis) of every score product ``fn``'s jaxpr computes."""
   jaxpr = jax.make_jaxpr(fn)(*args)

@@ -124,6 +124,20 @@ def test_z_loss_and_weights():
   assert float(terms.weight) == 1.0 and float(terms.correct) == 1.0
 
 
+def test_accuracy_counts_targets_with_the_largest_logit():
+  """``correct`` counts weighted tokens whose target logit is the largest (ties count as hits),
+  the argmax hits of random logits."""
+  logits = jax.random.normal(jax.random.key(0), (3, 5, 11))
+  targets = jax.random.randint(jax.random.key(1), (3, 5), 0, 11)
+  targets = targets.at[:, :2].set(jnp.argmax(logits[:, :2], -1))  # Some hits for sure.
+  weights = jnp.ones((3, 5)).at[0, 0].set(0.0)
+  hits = (jnp.argmax(logits, -1) == targets) * weights
+  terms = cross_entropy_with_z_loss(logits, targets, weights, z_loss=0.0)
+  assert float(terms.correct) == float(hits.sum()) >= 5
+  tie = cross_entropy_with_z_loss(jnp.array([[[1.0, 3.0, 3.0]]]), jnp.array([[2]]), None, 0.0)
+  assert float(tie.correct) == 1.0
+
+
 @pytest.mark.parametrize("rate", [0.05, 0.3, 0.9])
 def test_dropout_keeps_the_rate_and_the_expectation(rate):
   """The two-byte draw keeps each element with probability 1 - rate (to 2^-16) and scales the

@@ -64,7 +64,7 @@ def test_scanned_equals_unrolled_and_remat_keeps_values(family, mixed):
   batch = {"decoder_input_tokens": tokens((2, 6)), "encoder_input_tokens": tokens((2, 5), 1),
            "decoder_target_tokens": tokens((2, 6), 2)}
   outs, grads = [], []
-  for scan, remat in ((True, "none"), (False, "none"), (True, "full")):
+  for scan, remat in ((True, "none"), (False, "none"), (True, "full"), (True, "dots_no_batch")):
     model = tiny_model(family, mixed_attention=mixed, scan_layers=scan, remat_policy=remat)
     graphdef, params = nnx.split(model, nnx.Param)
 
@@ -72,7 +72,7 @@ def test_scanned_equals_unrolled_and_remat_keeps_values(family, mixed):
       logits = nnx.merge(graphdef, p)(batch)
       return cross_entropy_with_z_loss(logits, batch["decoder_target_tokens"], None, 1e-4).loss
 
-    value, g = jax.value_and_grad(loss)(params)  # Eager: cheaper than compiling 3 variants.
+    value, g = jax.value_and_grad(loss)(params)  # Eager: cheaper than compiling 4 variants.
     outs.append(value)
     grads.append(g)
   for value, g in zip(outs[1:], grads[1:]):  # Same math, other summation orders: see numerics.

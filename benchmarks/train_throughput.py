@@ -15,7 +15,10 @@ fit (d1024, 8 x 128 heads, FFN 4096, vocab 32768, 1024 tokens per row, bf16, ful
 
 ``--peer`` adds Hugging Face transformers' ``LlamaForCausalLM`` trained with AdamW on PyTorch at
 the ``small_decllm`` shapes (same layers, widths, tied embeddings, batch and length), when torch
-and transformers are installed (never a dependency of this project), and prints the ratio.
+and transformers are installed (never a dependency of this project), and prints the ratios. Its
+bfloat16 rows: the whole model cast (``.to(bfloat16)``: bf16 weights and optimizer state, the
+fastest) and ``torch.autocast`` over f32 weights (the precision of t5like's ``bfloat16``: f32
+parameters and optimizer, bf16 matmuls).
 ``--compile_scaling`` compiles the scanned small DecLLM at 4 and 32 layers and prints the ratio.
 """
 from __future__ import annotations
@@ -81,8 +84,9 @@ CONFIGS = {
 }
 
 
-def measure_peer(dtype: str, steps: int) -> dict | None:
-  """transformers' Llama at the small_decllm shapes, AdamW, PyTorch's own threads."""
+def measure_peer(dtype: str, steps: int, autocast: bool = False) -> dict | None:
+  """transformers' Llama at the small_decllm shapes, AdamW, PyTorch's own threads; ``autocast``:
+  f32 weights with bf16 autocast instead of the model cast to ``dtype``."""
   try:
     import torch
     import transformers
@@ -97,12 +101,14 @@ def measure_peer(dtype: str, steps: int) -> dict | None:
       num_key_value_heads=m.num_heads, head_dim=m.head_dim, max_position_embeddings=s,
       tie_word_embeddings=True)
   torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-  model = transformers.LlamaForCausalLM(config).to(torch_dtype).train()
+  model = transformers.LlamaForCausalLM(config)
+  model = (model if autocast else model.to(torch_dtype)).train()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
   ids = torch.randint(2, m.vocab_size, (b, s))
 
   def step():
-    loss = model(input_ids=ids, labels=ids).loss
+    with torch.autocast("cpu", dtype=torch_dtype, enabled=autocast):
+      loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -115,7 +121,8 @@ def measure_peer(dtype: str, steps: int) -> dict | None:
     step()
     times.append(time.perf_counter() - t)
   dt = statistics.median(times)
-  return {"config": "transformers Llama (PyTorch, AdamW)", "family": "decllm",
+  name = "transformers Llama (PyTorch, AdamW" + (", autocast, f32 weights)" if autocast else ")")
+  return {"config": name, "family": "decllm",
           "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "dtype": dtype,
           "shape": f"{b}x{s}", "step_ms": dt * 1e3, "tokens_s": b * s / dt,
           "gflops": flops.train_flops(m, b, s, 0) / dt / 1e9, "mfu": float("nan"),
@@ -191,8 +198,9 @@ def main() -> None:
                           args.peak))
       print(f"  measured {name} {dtype}", file=sys.stderr, flush=True)
   if args.peer:
-    for dtype in args.dtypes.split(","):
-      peer = measure_peer(dtype, args.steps)
+    for dtype, autocast in [(d, a) for d in args.dtypes.split(",")
+                            for a in ((False, True) if d != "float32" else (False,))]:
+      peer = measure_peer(dtype, args.steps, autocast)
       if peer is None:
         print("--peer: torch / transformers not installed; no peer rows", file=sys.stderr)
         break
@@ -210,19 +218,24 @@ def main() -> None:
     print(f"| {r['config']} | {r['family']} | {r['params_m']:.2f} | {r['dtype']} | {r['shape']} "
           f"| {r['step_ms']:.0f} | {r['tokens_s']:,.0f} | {r['gflops']:.0f} | "
           f"{100 * r['mfu']:.1f}% | {r['compile_s']:.1f} |")
-  peers = {r["dtype"]: r for r in rows if r["config"].startswith("transformers")}
-  if peers:
-    best_peer = max(peers.values(), key=lambda r: r["tokens_s"])
+  peer_rows = [r for r in rows if r["config"].startswith("transformers")]
+  peers = {r["dtype"]: r for r in peer_rows if "autocast" not in r["config"]}
+  mixed = {r["dtype"]: r for r in peer_rows if "autocast" in r["config"]}
+  if peer_rows:
+    best_peer = max(peer_rows, key=lambda r: r["tokens_s"])
     ours = [r for r in rows if r["config"].startswith("small_decllm")]
     if ours:
       best = max(ours, key=lambda r: r["tokens_s"])
       print(f"\n{best['config']} best ({best['dtype']}) / transformers best "
-            f"({best_peer['dtype']}): "
+            f"({best_peer['dtype']}{' autocast' if 'autocast' in best_peer['config'] else ''}): "
             f"{best['tokens_s'] / best_peer['tokens_s']:.2f}x")
       for r in ours:
         if r["dtype"] in peers:
           print(f"{r['config']} {r['dtype']} / transformers {r['dtype']}: "
                 f"{r['tokens_s'] / peers[r['dtype']]['tokens_s']:.2f}x")
+        if r["dtype"] in mixed:
+          print(f"{r['config']} {r['dtype']} / transformers {r['dtype']} autocast (same "
+                f"precision): {r['tokens_s'] / mixed[r['dtype']]['tokens_s']:.2f}x")
   if args.compile_scaling:
     (l4, c4), (l32, c32) = compile_scaling()
     print(f"\ncompile of the scanned small DecLLM step: {l4} layers {c4:.1f} s, {l32} layers "

@@ -59,22 +59,29 @@ def test_cross_attention_rope_uses_decoder_to_encoder_distance():
   assert_close_to_scale(forward(norope, restarted), forward(norope, batch), rel=1e-4)
 
 
-@pytest.mark.parametrize("family,mixed", [("decllm", "per_head"), ("redllm", "per_layer")])
-def test_scanned_equals_unrolled_and_remat_keeps_values(family, mixed):
+@pytest.mark.parametrize("family,mixed,dropout", [("decllm", "per_head", 0.0),
+                                                   ("redllm", "per_layer", 0.3)])
+def test_scanned_equals_unrolled_and_remat_keeps_values(family, mixed, dropout):
+  """Same loss and gradients scanned, unrolled and rematerialised; with dropout, recomputed
+  layers draw the same masks as the forward pass."""
   batch = {"decoder_input_tokens": tokens((2, 6)), "encoder_input_tokens": tokens((2, 5), 1),
            "decoder_target_tokens": tokens((2, 6), 2)}
+  rng = jax.random.key(3) if dropout else None
   outs, grads = [], []
   for scan, remat in ((True, "none"), (False, "none"), (True, "full"), (True, "dots_no_batch")):
-    model = tiny_model(family, mixed_attention=mixed, scan_layers=scan, remat_policy=remat)
+    model = tiny_model(family, mixed_attention=mixed, scan_layers=scan, remat_policy=remat,
+                       dropout_rate=dropout)
     graphdef, params = nnx.split(model, nnx.Param)
 
-    def loss(p):
-      logits = nnx.merge(graphdef, p)(batch)
+    def loss(p, rng=rng):
+      logits = nnx.merge(graphdef, p)(batch, dropout_rng=rng)
       return cross_entropy_with_z_loss(logits, batch["decoder_target_tokens"], None, 1e-4).loss
 
     value, g = jax.value_and_grad(loss)(params)  # Eager: cheaper than compiling 4 variants.
     outs.append(value)
     grads.append(g)
+  if dropout:  # The masks are really drawn.
+    assert abs(float(loss(params, None)) - float(outs[0])) > 1e-3
   for value, g in zip(outs[1:], grads[1:]):  # Same math, other summation orders: see numerics.
     assert_close_to_scale(value, outs[0])
     assert_trees_close_to_scale(g, grads[0])

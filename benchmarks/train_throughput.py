@@ -161,7 +161,7 @@ def measure(name: str, cfg: Config, steps: int, peak: float) -> dict:
   for i in range(steps):
     t = time.perf_counter()
     state, metrics = train_step(state, batches[i % 2])
-    jax.block_until_ready(metrics)
+    jax.block_until_ready((state, metrics))
     times.append(time.perf_counter() - t)
   dt = statistics.median(times)
   dec, enc = flops.batch_lengths(batches[0])

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow test-aot tpu-table bench clean
+.PHONY: install demo test test-slow test-aot test-gpu tpu-table bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,21 @@ $(TPU_STAMP): pyproject.toml
 
 test-aot: $(TPU_STAMP)
 	ALLOW_MULTIPLE_LIBTPU_LOAD=1 $(TPU_PY) -m pytest -q -p no:cacheprovider -m aot $(PYTEST_ARGS)
+
+# On a machine with an NVIDIA GPU (marked `gpu`): cuDNN attention == xla, GPU == CPU. CUDA jax
+# lives in its own environment, like libtpu above.
+GPU_VENV ?= .venv-gpu
+GPU_PY := $(GPU_VENV)/bin/python
+GPU_STAMP := $(GPU_VENV)/.installed
+
+$(GPU_STAMP): pyproject.toml
+	test -x $(GPU_PY) || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_PY) -m pip install --quiet --upgrade pip
+	$(GPU_PY) -m pip install --quiet -e '.[test,gpu]'
+	touch $(GPU_STAMP)
+
+test-gpu: $(GPU_STAMP)
+	$(GPU_PY) -m pytest -q -p no:cacheprovider -m gpu $(PYTEST_ARGS)
 
 # The paper table of README "Before renting a pod": every paper config compiled for v5p-128 and
 # v5e-256 (about 1-2 hours on 2 cores; resumes from runs/tpu_table.json).

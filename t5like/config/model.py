@@ -123,6 +123,13 @@ class ModelConfig:
       raise ConfigError("model.attention_impl='cudnn' expresses causal and full attention only "
                         "(no prefix or mixed forward/backward masks); use 'xla' (GPU) or "
                         "'splash' (TPU)")
+    if impl == "cudnn" and self.dtype != "bfloat16":  # cuDNN's fused attention: fp16/bf16/fp8.
+      raise ConfigError(f"model.attention_impl='cudnn' needs model.dtype='bfloat16' (cuDNN's "
+                        f"fused attention takes no {self.dtype} inputs); got model.dtype="
+                        f"{self.dtype!r}. Use model.attention_impl='xla' for float32")
+    if impl == "cudnn" and (self.head_dim % 8 or self.head_dim > 256):
+      raise ConfigError("model.attention_impl='cudnn' needs model.head_dim a multiple of 8 and "
+                        f"<= 256 (<= 128 before Hopper); got {self.head_dim}")
 
 
 # The paper's sizes (docs/paper.md §1: d_h = 128, FFN = 4d, vocab 32,768, all embeddings tied).

@@ -135,6 +135,8 @@ def test_cudnn_call_translates_the_mask_to_lengths(kind):
     (dict(attention_impl="splash", decoder_attention="prefix", mixed_attention="per_head"),
      "mixed forward/backward PrefixLM"),
     (dict(attention_impl="cudnn", decoder_attention="prefix"), "causal and full"),
+    (dict(attention_impl="cudnn", dtype="float32"), "needs model.dtype='bfloat16'"),
+    (dict(attention_impl="cudnn", dtype="bfloat16", head_dim=12), "multiple of 8"),
 ])
 def test_unsupported_kernel_settings_are_config_errors(overrides, message):
   with pytest.raises(ConfigError, match=message):

@@ -106,13 +106,16 @@ def measure_peer(dtype: str, batch: int, prompt: int, new: int, repeats: int) ->
       num_attention_heads=8, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
       max_position_embeddings=4096)
   torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-  model = transformers.LlamaForCausalLM(config).to(torch_dtype).eval()
-  ids = torch.randint(2, 8192, (batch, prompt))
+  device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+  model = transformers.LlamaForCausalLM(config).to(torch_dtype).to(device).eval()
+  ids = torch.randint(2, 8192, (batch, prompt), device=device)
 
   def run():
     with torch.inference_mode():
       model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                      min_new_tokens=new, do_sample=False, pad_token_id=0)
+    if device == "cuda":
+      torch.cuda.synchronize()
 
   total = _timed(run, repeats)
   params = sum(p.numel() for p in model.parameters())
@@ -142,6 +145,9 @@ def main() -> None:
           args.peer = False
         else:
           rows.append(peer)
+      for r in rows[-3 if args.peer else -2:]:  # As measured: a cut-off run keeps its rows.
+        print(f"  {r['system']} {dtype} {case}: {r['new_tok_s']:,.0f} new tokens/s",
+              file=sys.stderr, flush=True)
   print(runtime.huge_pages_state())
   print(f"| system | dtype | params (M) | batch x prompt + new | prefill tok/s | decode tok/s "
         f"| new tok/s | GFLOP/seq |")

@@ -84,6 +84,11 @@ CONFIGS = {
 }
 
 
+def peer_device(torch) -> str:
+  """PyTorch runs where JAX runs: "cuda" when JAX's default backend is a GPU, else "cpu"."""
+  return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
 def measure_peer(dtype: str, steps: int, autocast: bool = False) -> dict | None:
   """transformers' Llama at the small_decllm shapes, AdamW, PyTorch's own threads; ``autocast``:
   f32 weights with bf16 autocast instead of the model cast to ``dtype``."""
@@ -101,17 +106,20 @@ def measure_peer(dtype: str, steps: int, autocast: bool = False) -> dict | None:
       num_key_value_heads=m.num_heads, head_dim=m.head_dim, max_position_embeddings=s,
       tie_word_embeddings=True)
   torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+  device = peer_device(torch)
   model = transformers.LlamaForCausalLM(config)
-  model = (model if autocast else model.to(torch_dtype)).train()
+  model = (model if autocast else model.to(torch_dtype)).to(device).train()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-  ids = torch.randint(2, m.vocab_size, (b, s))
+  ids = torch.randint(2, m.vocab_size, (b, s), device=device)
 
   def step():
-    with torch.autocast("cpu", dtype=torch_dtype, enabled=autocast):
+    with torch.autocast(device, dtype=torch_dtype, enabled=autocast):
       loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    if device == "cuda":
+      torch.cuda.synchronize()
   t0 = time.perf_counter()
   step()
   compile_s = time.perf_counter() - t0
@@ -196,7 +204,8 @@ def main() -> None:
       cfg.validate()
       rows.append(measure(name, cfg, min(args.steps, 3) if name in FIXED_DTYPE else args.steps,
                           args.peak))
-      print(f"  measured {name} {dtype}", file=sys.stderr, flush=True)
+      print(f"  measured {name} {dtype}: {rows[-1]['step_ms']:.0f} ms, "
+            f"{rows[-1]['tokens_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
   if args.peer:
     for dtype, autocast in [(d, a) for d in args.dtypes.split(",")
                             for a in ((False, True) if d != "float32" else (False,))]:
@@ -205,6 +214,8 @@ def main() -> None:
         print("--peer: torch / transformers not installed; no peer rows", file=sys.stderr)
         break
       rows.append(peer)
+      print(f"  measured {peer['config']} {dtype}: {peer['step_ms']:.0f} ms, "
+            f"{peer['tokens_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
   peak = args.peak or flops.peak_flops_per_device(0.0, "float32") * jax.device_count()
   print(f"\ndevice: {jax.devices()[0].device_kind} x {jax.device_count()}; "
         f"FLOPs: docs/flops.md convention; median of {args.steps} steps (medium: 3); "

@@ -34,32 +34,32 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(HUGE_PAGES) $(PY) -m pytest -q -p no:cacheprovider -m slow $(PYTEST_ARGS)
 
-# Ahead-of-time TPU compiles (marked `aot`) in their own environment with libtpu: libtpu is kept
-# out of the default one because on a host without TPUs it logs errors at every JAX start-up.
+# An environment of its own with one more extra of pyproject.toml ($(1): its folder, $(2): the
+# extra), for the accelerator stacks that the default environment leaves out.
+define extra_venv
+$(1)/.installed: pyproject.toml
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	$(1)/bin/python -m pip install --quiet -e '.[test,$(2)]'
+	touch $(1)/.installed
+endef
+
+# Ahead-of-time TPU compiles (marked `aot`) with libtpu: libtpu is kept out of the default
+# environment because on a host without TPUs it logs errors at every JAX start-up.
 TPU_VENV ?= .venv-tpu
 TPU_PY := $(TPU_VENV)/bin/python
 TPU_STAMP := $(TPU_VENV)/.installed
-
-$(TPU_STAMP): pyproject.toml
-	test -x $(TPU_PY) || $(PYTHON) -m venv $(TPU_VENV)
-	$(TPU_PY) -m pip install --quiet --upgrade pip
-	$(TPU_PY) -m pip install --quiet -e '.[test,tpu]'
-	touch $(TPU_STAMP)
+$(eval $(call extra_venv,$(TPU_VENV),tpu))
 
 test-aot: $(TPU_STAMP)
 	ALLOW_MULTIPLE_LIBTPU_LOAD=1 $(TPU_PY) -m pytest -q -p no:cacheprovider -m aot $(PYTEST_ARGS)
 
-# On a machine with an NVIDIA GPU (marked `gpu`): cuDNN attention == xla, GPU == CPU. CUDA jax
-# lives in its own environment, like libtpu above.
+# On a machine with an NVIDIA GPU (marked `gpu`): cuDNN attention == xla, GPU == CPU, with CUDA
+# jax (`.[gpu]`).
 GPU_VENV ?= .venv-gpu
 GPU_PY := $(GPU_VENV)/bin/python
 GPU_STAMP := $(GPU_VENV)/.installed
-
-$(GPU_STAMP): pyproject.toml
-	test -x $(GPU_PY) || $(PYTHON) -m venv $(GPU_VENV)
-	$(GPU_PY) -m pip install --quiet --upgrade pip
-	$(GPU_PY) -m pip install --quiet -e '.[test,gpu]'
-	touch $(GPU_STAMP)
+$(eval $(call extra_venv,$(GPU_VENV),gpu))
 
 test-gpu: $(GPU_STAMP)
 	$(GPU_PY) -m pytest -q -p no:cacheprovider -m gpu $(PYTEST_ARGS)

@@ -18,7 +18,8 @@ the ``small_decllm`` shapes (same layers, widths, tied embeddings, batch and len
 and transformers are installed (never a dependency of this project), and prints the ratios. Its
 bfloat16 rows: the whole model cast (``.to(bfloat16)``: bf16 weights and optimizer state, the
 fastest) and ``torch.autocast`` over f32 weights (the precision of t5like's ``bfloat16``: f32
-parameters and optimizer, bf16 matmuls).
+parameters and optimizer, bf16 matmuls). A peer row stops timing after ~2 minutes of steps
+(PyTorch's bf16 without bf16 instructions takes ~80 s a step) and says how many it timed.
 ``--compile_scaling`` compiles the scanned small DecLLM at 4 and 32 layers and prints the ratio.
 """
 from __future__ import annotations
@@ -84,6 +85,9 @@ CONFIGS = {
 }
 
 
+PEER_BUDGET_S = 120.0  # Seconds of peer steps per dtype before timing stops (at least one).
+
+
 def peer_device(torch) -> str:
   """PyTorch runs where JAX runs: "cuda" when JAX's default backend is a GPU, else "cpu"."""
   return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
@@ -124,12 +128,16 @@ def measure_peer(dtype: str, steps: int, autocast: bool = False) -> dict | None:
   step()
   compile_s = time.perf_counter() - t0
   times = []
-  for _ in range(steps):
-    t = time.perf_counter()
+  for _ in range(steps):  # Stops early past PEER_BUDGET_S (bf16 without bf16 instructions: ~80 s
+    t = time.perf_counter()  # a step, 15 minutes for the default 10 steps).
     step()
     times.append(time.perf_counter() - t)
+    if sum(times) + compile_s > PEER_BUDGET_S:
+      break
   dt = statistics.median(times)
   name = "transformers Llama (PyTorch, AdamW" + (", autocast, f32 weights)" if autocast else ")")
+  if len(times) < steps:
+    name += f" [{len(times)} steps]"
   return {"config": name, "family": "decllm",
           "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "dtype": dtype,
           "shape": f"{b}x{s}", "step_ms": dt * 1e3, "tokens_s": b * s / dt,

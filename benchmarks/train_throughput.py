@@ -8,10 +8,11 @@
 Times the jitted train step (forward, backward, clipping, Adafactor; synthetic batches already on
 device, so the data pipeline is not measured) and prints one table: tokens/s counts every input
 position (encoder + decoder), model FLOPs follow docs/flops.md (t5like.training.flops), MFU is
-against the device peak (default: on CPU a matmul probe of this machine, once per process —
-``flops.measured_cpu_peak``; accelerators by device kind). Median over ``--steps`` steps after
-one warm-up (compilation) step. ``medium_*`` is a 150M-like shape with paper lengths scaled to
-fit (d1024, 8 x 128 heads, FFN 4096, vocab 32768, 1024 tokens per row, bf16, full remat).
+against the device peak (default: on CPU the best of this machine's matmul probes, one after
+every row — ``flops.measured_cpu_peak``; accelerators by device kind). Median over ``--steps``
+steps after one warm-up (compilation) step. ``medium_*`` is a 150M-like shape with paper lengths
+scaled to fit (d1024, 8 x 128 heads, FFN 4096, vocab 32768, 1024 tokens per row, bf16, full
+remat).
 
 ``--peer`` adds Hugging Face transformers' ``LlamaForCausalLM`` trained with AdamW on PyTorch at
 the ``small_decllm`` shapes (same layers, widths, tied embeddings, batch and length), when torch
@@ -161,7 +162,7 @@ def compile_scaling() -> list[tuple[int, float]]:
   return out
 
 
-def measure(name: str, cfg: Config, steps: int, peak: float) -> dict:
+def measure(name: str, cfg: Config, steps: int) -> dict:
   mesh = partitioning.make_mesh(cfg.mesh)
   setup = state_lib.build_setup(cfg, mesh)
   state = state_lib.init_state(setup)
@@ -183,11 +184,29 @@ def measure(name: str, cfg: Config, steps: int, peak: float) -> dict:
   dec, enc = flops.batch_lengths(batches[0])
   b = cfg.train.batch_size
   f = flops.train_flops(cfg.model, b, dec, enc)
-  peak = peak or flops.peak_flops_per_device(0.0, cfg.model.dtype) * mesh.size
   return {"config": name, "family": cfg.model.family, "params_m": setup.num_params / 1e6,
           "dtype": cfg.model.dtype, "shape": f"{b}x{enc}+{dec}" if enc else f"{b}x{dec}",
           "step_ms": dt * 1e3, "tokens_s": b * (dec + enc) / dt, "gflops": f / dt / 1e9,
-          "mfu": f / dt / peak, "compile_s": compile_s}
+          "mfu": float("nan"), "compile_s": compile_s}  # MFU: ``with_mfu``, after every row.
+
+
+def refresh_peak(configured: float, dtype: str) -> None:
+  """On CPU, probes the matmul peak again (the best probe of the run is kept:
+  ``flops.measured_cpu_peak``), so one probe in a slow stretch of a shared host does not set
+  every row's MFU."""
+  if not configured and jax.default_backend() == "cpu":
+    flops.measured_cpu_peak(dtype, min_seconds=0.5, refresh=True)
+
+
+def with_mfu(rows: list[dict], configured: float) -> list[dict]:
+  """Each t5like row's MFU against the run's peak for its dtype (``--peak`` if given)."""
+  out = []
+  for r in rows:
+    if not r["config"].startswith("transformers"):
+      peak = configured or flops.peak_flops_per_device(0.0, r["dtype"]) * jax.device_count()
+      r = {**r, "mfu": r["gflops"] * 1e9 / peak if peak else float("nan")}
+    out.append(r)
+  return out
 
 
 def main() -> None:
@@ -210,8 +229,8 @@ def main() -> None:
       cfg = CONFIGS[name]()
       cfg.model.dtype = dtype
       cfg.validate()
-      rows.append(measure(name, cfg, min(args.steps, 3) if name in FIXED_DTYPE else args.steps,
-                          args.peak))
+      rows.append(measure(name, cfg, min(args.steps, 3) if name in FIXED_DTYPE else args.steps))
+      refresh_peak(args.peak, dtype)
       print(f"  measured {name} {dtype}: {rows[-1]['step_ms']:.0f} ms, "
             f"{rows[-1]['tokens_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
   if args.peer:
@@ -224,6 +243,7 @@ def main() -> None:
       rows.append(peer)
       print(f"  measured {peer['config']} {dtype}: {peer['step_ms']:.0f} ms, "
             f"{peer['tokens_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
+  rows = with_mfu(rows, args.peak)
   peak = args.peak or flops.peak_flops_per_device(0.0, "float32") * jax.device_count()
   print(f"\ndevice: {jax.devices()[0].device_kind} x {jax.device_count()}; "
         f"FLOPs: docs/flops.md convention; median of {args.steps} steps (medium: 3); "

@@ -155,3 +155,13 @@ def test_peak_lookup_and_the_cpu_peak_is_measured_here():
   # A plain matmul on any x86 core does between 1 GFLOP/s and 10 TFLOP/s: a measurement, not
   # the old 569 GFLOP/s constant of one CPU type.
   assert 1e9 < probe < 1e13
+
+
+def test_refreshing_the_cpu_peak_probes_again_and_keeps_the_best(monkeypatch):
+  key = "float32:1024"
+  monkeypatch.setitem(flops._CPU_PEAK_CACHE, key, 1.0)  # A probe that read far too low...
+  assert flops.measured_cpu_peak("float32") == 1.0  # ...is what the process uses...
+  fresh = flops.measured_cpu_peak("float32", refresh=True)  # ...until a benchmark refreshes it.
+  assert 1e9 < fresh < 1e13
+  monkeypatch.setitem(flops._CPU_PEAK_CACHE, key, 1e15)  # Above any probe: kept.
+  assert flops.measured_cpu_peak("float32", refresh=True) == 1e15

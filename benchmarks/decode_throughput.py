@@ -29,6 +29,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -41,6 +42,7 @@ from t5like.inference import generate  # noqa: E402
 from t5like.inference import generation as gen  # noqa: E402
 from t5like.inference.sampling import SamplingConfig  # noqa: E402
 from t5like.models import build_model  # noqa: E402
+from train_throughput import peer_device  # noqa: E402  (PyTorch where JAX runs)
 
 
 def small_model_config(family: str, dtype: str) -> ModelConfig:
@@ -106,7 +108,7 @@ def measure_peer(dtype: str, batch: int, prompt: int, new: int, repeats: int) ->
       num_attention_heads=8, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
       max_position_embeddings=4096)
   torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-  device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+  device = peer_device(torch)
   model = transformers.LlamaForCausalLM(config).to(torch_dtype).to(device).eval()
   ids = torch.randint(2, 8192, (batch, prompt), device=device)
 

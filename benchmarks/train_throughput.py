@@ -187,7 +187,7 @@ def measure(name: str, cfg: Config, steps: int) -> dict:
   return {"config": name, "family": cfg.model.family, "params_m": setup.num_params / 1e6,
           "dtype": cfg.model.dtype, "shape": f"{b}x{enc}+{dec}" if enc else f"{b}x{dec}",
           "step_ms": dt * 1e3, "tokens_s": b * (dec + enc) / dt, "gflops": f / dt / 1e9,
-          "mfu": float("nan"), "compile_s": compile_s}  # MFU: ``with_mfu``, after every row.
+          "mfu": float("nan"), "compile_s": compile_s}  # MFU: ``with_mfu``, once all rows ran.
 
 
 def refresh_peak(configured: float, dtype: str) -> None:

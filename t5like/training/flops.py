@@ -71,6 +71,7 @@ _PEAKS = (
 )
 # CPU peaks are measured, per process and dtype (host-platform "devices" share the same cores).
 _CPU_PEAK_CACHE: dict[str, float] = {}
+_probe_matmul = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
 
 
 def measured_cpu_peak(compute_dtype: str, n: int = 1024, min_seconds: float = 0.0,
@@ -89,8 +90,8 @@ def measured_cpu_peak(compute_dtype: str, n: int = 1024, min_seconds: float = 0.
     dt = jnp.dtype(compute_dtype)
     cpu = jax.local_devices(backend="cpu")[0]
     a = jax.device_put(jnp.ones((n, n), dt), cpu)
-    f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
-    f(a, a).block_until_ready()
+    f = _probe_matmul
+    f(a, a).block_until_ready()  # Compiles on the first probe of this shape and dtype only.
     best, reps, start = float("inf"), 0, time.perf_counter()
     while reps < 5 or time.perf_counter() - start < min_seconds:
       t = time.perf_counter()

@@ -19,24 +19,26 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_CREATED_CACHE, ignore_errors=True)
 
 
-# The longest modules (seconds of test time on a 2-core host, 2026-11-25), run first: `make test`
-# hands whole modules to its two workers (`--dist loadscope`, kept for the module fixtures) in
-# collection order (`--no-loadscope-reorder`), so starting with the longest ones lets both
-# workers finish together instead of one waiting for the other's last long module. A module
+# The longest modules (seconds of test time on a 2-core AMD EPYC Zen 3, 2026-11-25), run first:
+# `make test` hands whole modules to its two workers (`--dist loadscope`, kept for the module
+# fixtures) in collection order (`--no-loadscope-reorder`), so starting with the longest ones lets
+# both workers finish together instead of one waiting for the other's last long module. A module
 # missing from the list only runs later.
 LONGEST_FIRST = (
-    "training/test_train_embedded.py",  # 165
-    "training/test_train_resume.py",  # 144
-    "models/test_attention_kernels.py",  # 138
-    "evaluation/test_checkpoint_eval.py",  # 101
-    "training/test_paper_presets.py",  # 93
-    "models/test_fast_paths.py",  # 92
-    "data/test_pipeline.py",  # 80
-    "training/test_train_multidevice.py",  # 76
-    "models/test_positions_and_stacks.py",  # 75
-    "inference/test_generate.py",  # 70
-    "training/test_train_step.py",  # 62
-    "training/test_train_multiprocess.py",  # 54
+    "training/test_train_embedded.py",  # 134
+    "training/test_train_resume.py",  # 131
+    "models/test_attention_kernels.py",  # 73
+    "evaluation/test_checkpoint_eval.py",  # 69
+    "data/test_pipeline.py",  # 66
+    "training/test_paper_presets.py",  # 60
+    "models/test_fast_paths.py",  # 59
+    "models/test_positions_and_stacks.py",  # 53
+    "training/test_train_multidevice.py",  # 47
+    "training/test_train_step.py",  # 47
+    "inference/test_generate.py",  # 37
+    "training/test_train_multiprocess.py",  # 33
+    "training/test_aot.py",  # 29
+    "test_quiet_startup.py",  # 27
 )
 
 

@@ -2,9 +2,11 @@
 
 Compilation dominates this suite (a tiny train step takes seconds to compile and milliseconds to
 run), so every test process, and every subprocess it starts (which inherits the environment),
-compiles with LLVM's cheap pipeline: the same programs, less optimised machine code. The
-numerics tests compare against float64 or to the scale of each quantity, which holds for any
-code generation. Runs of hundreds of steps go to a subprocess without these flags
+compiles with LLVM's cheap pipeline and XLA:CPU's older fusion code generators (the newer MLIR
+fusion emitters took a third of a tiny train step's compile time; the whole suite ran 9:22
+instead of 13:03 on a 2-core AMD EPYC, 2026-11-25): the same programs, less optimised machine
+code. The numerics tests compare against float64 or to the scale of each quantity, which holds
+for any code generation. Runs of hundreds of steps go to a subprocess without these flags
 (``train_helpers.subprocess_env(optimize=True)``). ``T5LIKE_TEST_XLA_OPT=1`` runs the whole
 suite with XLA's default optimisation.
 
@@ -18,7 +20,8 @@ programs never mix. ``T5LIKE_TEST_XLA_CACHE=0`` turns it off.
 import os
 import tempfile
 
-FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true",
+         "--xla_cpu_use_fusion_emitters=false")
 
 
 def apply() -> None:

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5like import partitioning
-from t5like.models.layers import on_cpu
+from t5like.models.layers import on_cpu, platform
 from t5like.models.masks import MaskSpec
 
 _QKV = ("batch", "length", "heads", "kv")
@@ -94,9 +94,9 @@ def splash_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
                      spec: MaskSpec) -> jax.Array:
   """softmax(q k^T / sqrt(d_h)) v under ``spec``; [batch, t, heads, kv]. Padding queries
   (segment 0) give zeros, as on the ``xla`` path."""
-  if not on_cpu() and jax.default_backend() != "tpu":  # Mosaic kernels compile for TPUs only.
+  if platform() not in ("cpu", "tpu"):  # Mosaic kernels compile for TPUs only.
     raise ValueError(f"attention_impl='splash' is a TPU kernel (run in interpret mode on CPU "
-                     f"for tests); on {jax.default_backend()!r} use model.attention_impl='cudnn' "
+                     f"for tests); on {platform()!r} use model.attention_impl='cudnn' "
                      "(unpacked rows) or 'xla'")
   b, t, h, kd = q_bthk.shape
   g = k_bsgk.shape[2]

@@ -34,12 +34,18 @@ def constrain(x: jax.Array, axes: Axes) -> jax.Array:
   return nn.with_logical_constraint(x, axes)
 
 
-def on_cpu() -> bool:
-  """Whether the computation being traced runs on CPU devices (the mesh's, else the default)."""
+def platform() -> str:
+  """The platform the computation being traced runs on: the mesh's devices (a TPU slice in an
+  ahead-of-time compile on a CPU host), else the default backend ("cpu", "gpu", "tpu")."""
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty:
-    return mesh.abstract_device.platform == "cpu"
-  return jax.default_backend() == "cpu"
+    return mesh.abstract_device.platform
+  return jax.default_backend()
+
+
+def on_cpu() -> bool:
+  """Whether the computation being traced runs on CPU devices (see `platform`)."""
+  return platform() == "cpu"
 
 
 @jax.tree_util.register_dataclass

@@ -117,6 +117,19 @@ def test_the_prefix_trick_sees_later_keys_only_inside_the_prefix():
     np.testing.assert_array_equal(seen, expected, err_msg=f"key {j}")
 
 
+def test_splash_is_refused_on_a_gpu_with_the_alternatives(monkeypatch):
+  """Decided by the platform traced for (`layers.platform`: the mesh's devices, else the default
+  backend), so that a TPU mesh compiled ahead of time on a CPU host is not refused (`make
+  test-aot` compiles one)."""
+  from t5like.models import layers
+  seg = jnp.ones((1, 8), jnp.int32)
+  q = jnp.zeros((1, 8, 1, 8))
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert layers.platform() == "gpu" and not layers.on_cpu()
+  with pytest.raises(ValueError, match="TPU kernel.*on 'gpu'.*'cudnn'"):
+    attention_kernels.splash_attention(q, q, q, masks.MaskSpec(seg, seg, "causal"))
+
+
 @pytest.mark.parametrize("kind", ["causal", "bidirectional", "cross"])
 def test_cudnn_call_translates_the_mask_to_lengths(kind):
   """The same jax.nn.dot_product_attention call, run by XLA here (the GPU runs cuDNN's)."""

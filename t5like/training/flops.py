@@ -90,12 +90,11 @@ def measured_cpu_peak(compute_dtype: str, n: int = 1024, min_seconds: float = 0.
     dt = jnp.dtype(compute_dtype)
     cpu = jax.local_devices(backend="cpu")[0]
     a = jax.device_put(jnp.ones((n, n), dt), cpu)
-    f = _probe_matmul
-    f(a, a).block_until_ready()  # Compiles on the first probe of this shape and dtype only.
+    _probe_matmul(a, a).block_until_ready()  # Compiles on the first probe of a shape/dtype.
     best, reps, start = float("inf"), 0, time.perf_counter()
     while reps < 5 or time.perf_counter() - start < min_seconds:
       t = time.perf_counter()
-      f(a, a).block_until_ready()
+      _probe_matmul(a, a).block_until_ready()
       best = min(best, time.perf_counter() - t)
       reps += 1
     _CPU_PEAK_CACHE[key] = max(_CPU_PEAK_CACHE.get(key, 0.0), 2.0 * n ** 3 / best)

@@ -11,8 +11,9 @@ vocab 8192; DecLLM 4 layers, RedLLM 2 encoder + 2 decoder layers. Each case is
 - ``prefill tok/s``: prompt tokens per second of the prefill alone (DecLLM: the decoder over the
   prompt; RedLLM: the encoder and the cross-attention keys/values of every decoder layer);
 - ``decode tok/s``: generated tokens per second of the one-token steps (total minus prefill);
-- ``new tok/s``: generated tokens per second of the whole ``generate`` call (what Hugging Face's
-  ``generate`` is usually quoted at), median of ``--repeats`` calls after one compiling call;
+- ``new tok/s``: generated tokens per second of a whole generation call (what Hugging Face's
+  ``generate`` is usually quoted at), median of ``--repeats`` calls after one compiling call, from
+  one ``Generator`` (the decode layout of the weights made once, as HF's model is loaded once);
 - ``GFLOP/seq``: analytic inference FLOPs per sequence (t5like.evaluation.cost, docs/flops.md:
   prefill + decode, forward only) — the paper's inference-cost comparison.
 
@@ -38,8 +39,8 @@ from flax import nnx  # noqa: E402
 from t5like import runtime  # noqa: E402
 from t5like.config.model import ModelConfig  # noqa: E402
 from t5like.evaluation.cost import inference_flops  # noqa: E402
-from t5like.inference import generate  # noqa: E402
 from t5like.inference import generation as gen  # noqa: E402
+from t5like.inference import steps  # noqa: E402
 from t5like.inference.sampling import SamplingConfig  # noqa: E402
 from t5like.models import build_model  # noqa: E402
 from train_throughput import peer_device  # noqa: E402  (PyTorch where JAX runs)
@@ -71,13 +72,19 @@ def _timed(fn, repeats: int) -> float:
   return statistics.median(times)
 
 
-def prefill_seconds(model, prompts, new: int, repeats: int) -> float:
+def prefill_seconds(generator: gen.Generator, prompts, new: int, repeats: int) -> float:
   """Median time of the prefill (and first logits) alone, as ``generate`` runs it."""
-  tokens, lens = gen._pad_inputs(prompts, model.cfg.family, len(prompts))
-  plan = gen._Plan(model.cfg.family, tokens.shape[1], new, -1, SamplingConfig())
-  graphdef, params = nnx.graphdef(model), nnx.to_pure_dict(nnx.state(model))
-  fn = jax.jit(lambda p, t, n: gen._prefill(nnx.merge(graphdef, p), plan, t, n)[:2])
-  return _timed(lambda: jax.block_until_ready(fn(params, tokens, lens)), repeats)
+  g = generator
+  tokens, lens = gen._pad_inputs(prompts, g.cfg.family, len(prompts))
+  plan = gen._Plan(g.cfg.family, tokens.shape[1], new, -1, SamplingConfig())
+
+  @jax.jit
+  def fn(params, layers, table, t, n):
+    weights = steps.DecodeWeights(nnx.merge(g._layers_graphdef, layers), table)
+    return gen._prefill(nnx.merge(g._graphdef, params), weights, plan, t, n)[:2]
+
+  return _timed(lambda: jax.block_until_ready(fn(g._params, g._layers, g._table, tokens, lens)),
+                repeats)
 
 
 def measure(family: str, dtype: str, batch: int, prompt: int, new: int, repeats: int) -> dict:
@@ -86,8 +93,9 @@ def measure(family: str, dtype: str, batch: int, prompt: int, new: int, repeats:
   params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   rng = np.random.RandomState(0)
   prompts = [rng.randint(2, cfg.vocab_size, size=prompt).tolist() for _ in range(batch)]
-  total = _timed(lambda: generate(model, prompts, max_new_tokens=new, eos_id=-1), repeats)
-  pre = prefill_seconds(model, prompts, new, repeats)
+  generator = gen.Generator(model)  # The decode layout once, as eval.py's generation uses it.
+  total = _timed(lambda: generator(prompts, max_new_tokens=new, eos_id=-1), repeats)
+  pre = prefill_seconds(generator, prompts, new, repeats)
   flops = inference_flops(cfg, prompt, new)
   return {"system": f"t5like {family}", "dtype": dtype, "params_m": params / 1e6,
           "case": f"{batch}x{prompt}+{new}", "prefill_tok_s": batch * prompt / pre,

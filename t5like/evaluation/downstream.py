@@ -42,14 +42,14 @@ def _multiple_choice(model, vocab, task: Task, shots: int, seed: int, trunc: Tru
 
 def _generative(model, vocab, task: Task, shots: int, seed: int, trunc: Truncation,
                 on_long: str, max_new_tokens: int, batch: int = 32) -> dict[str, float]:
-  from t5like.inference import generate
+  from t5like.inference import Generator
   prompts = [fit_context(list(vocab.encode(task.prompt(ex, task.shots_for(i, shots, seed)))),
                          trunc, on_long) for i, ex in enumerate(task.examples)]
   longest = max(len(vocab.encode(t)) for ex in task.examples for t in ex.targets)
   new = min(max_new_tokens, longest + 4)
+  generate = Generator(model)  # The decode layout once for all batches.
   outs = [o for i in range(0, len(prompts), batch)
-          for o in generate(model, prompts[i:i + batch], max_new_tokens=new,
-                            eos_id=vocab.eos_id)]
+          for o in generate(prompts[i:i + batch], max_new_tokens=new, eos_id=vocab.eos_id)]
   hits = [task.answer(vocab.decode(o)) in {t.strip() for t in ex.targets}
           for o, ex in zip(outs, task.examples)]
   return {"exact_str_match": float(np.mean(hits))}

@@ -34,7 +34,7 @@ def cached_logits(model, prompts, forced_bm):
   @jax.jit
   def run(params, tokens, lens, forced):
     mdl = nnx.merge(graphdef, params)
-    logits, cache, step = gen._prefill(mdl, plan, tokens, lens)
+    logits, cache, step = gen._prefill(mdl, steps.decode_weights(mdl), plan, tokens, lens)
 
     def body(cache, t):
       lg, cache = step(forced[:, t - 1], t, cache)

@@ -17,7 +17,8 @@ import pytest
 from flax import nnx
 
 from helpers import tiny_model
-from t5like.inference import SamplingConfig, generate
+from t5like.inference import Generator, SamplingConfig, generate
+from t5like.inference import generation as gen
 from t5like.inference.sampling import sample
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], [30]]
@@ -107,6 +108,22 @@ def test_sampling_is_reproducible_and_top_k_1_is_greedy(model):
   assert top1 == greedy
 
 
+def test_a_generator_serves_many_calls_from_one_decode_layout(model, monkeypatch):
+  made = []
+  real = gen._decode_weights
+  monkeypatch.setattr(gen, "_decode_weights", lambda m: made.append(1) or real(m))
+  generator = Generator(model)
+  shorter = [p[:10] for p in PROMPTS]  # Another padded width (16, not 32): another plan.
+  assert generator(PROMPTS, max_new_tokens=NEW, eos_id=-1) == generate(model, PROMPTS,
+                                                                      max_new_tokens=NEW,
+                                                                      eos_id=-1)
+  assert generator(shorter, max_new_tokens=3, eos_id=-1) == [
+      reference_greedy(model, p, 3) for p in shorter]
+  assert generator(PROMPTS[:1], max_new_tokens=NEW, eos_id=-1) == [
+      reference_greedy(model, PROMPTS[0], NEW)]
+  assert len(made) == 2  # The Generator's one layout, and generate()'s own.
+
+
 def test_sampler_keeps_to_its_top_k_and_top_p_sets():
   # probabilities 0.5, 0.25, 0.125, 0.0625, ... over 8 tokens.
   logits_bv = jnp.log(jnp.asarray([[2.0 ** -(i + 1) for i in range(8)]] * 512))
@@ -144,7 +161,8 @@ sys.path.insert(0, "tests/models")
 from helpers import tiny_model
 from t5like import partitioning
 from t5like.config.train import MeshConfig
-from t5like.inference import SamplingConfig, generate
+from t5like.inference import Generator, SamplingConfig, generate
+from t5like.inference import generation as gen
 assert jax.device_count() == 8
 prompts = [[5, 6, 7], list(range(8, 25)), [30]]
 out = {}

@@ -1,6 +1,7 @@
-"""``generate``: greedy equals repeated full forwards, sampling is reproducible and stays inside
-its top-k / top-p set, EOS stops one row while the others go on, bad input is a clear error,
-an 8-device mesh generates what one device does, and eval.py prints completions of a checkpoint.
+"""``generate``: greedy equals repeated full forwards, a Generator serves many calls from one
+decode layout, sampling is reproducible and stays inside its top-k / top-p set, EOS stops one row
+while the others go on, bad input is a clear error, an 8-device mesh generates what one device
+does, and eval.py prints completions of a checkpoint.
 """
 from __future__ import annotations
 

@@ -163,18 +163,20 @@ from helpers import tiny_model
 from t5like import partitioning
 from t5like.config.train import MeshConfig
 from t5like.inference import Generator, SamplingConfig, generate
-from t5like.inference import generation as gen
 assert jax.device_count() == 8
 prompts = [[5, 6, 7], list(range(8, 25)), [30]]
 out = {}
 for family in ("decllm", "redllm"):
   model = tiny_model(family, seed=3, vocab_size=128, num_kv_heads=2)
   mesh = partitioning.make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+  on_mesh = Generator(model, mesh)  # One decode layout on the mesh for both calls.
   for name, kw in (("greedy", {}), ("sampled", dict(sampling=SamplingConfig(1.0, top_k=20),
                                                      rng=jax.random.key(1)))):
     one = generate(model, prompts, max_new_tokens=6, eos_id=-1, **kw)
-    eight = generate(model, prompts, max_new_tokens=6, eos_id=-1, mesh=mesh, **kw)
+    eight = on_mesh(prompts, max_new_tokens=6, eos_id=-1, **kw)
     out[f"{family}/{name}"] = [one, eight]
+  out[f"{family}/generate"] = [one, generate(model, prompts, max_new_tokens=6, eos_id=-1,
+                                             mesh=mesh, **kw)]
 print("RESULT" + json.dumps(out))
 """
 
@@ -184,7 +186,8 @@ def test_generation_on_8_devices_equals_1_device():
   from train_helpers import run_script
   proc = run_script(MESH_SCRIPT, devices=8)
   result = json.loads(proc.stdout.split("RESULT", 1)[1])
-  assert set(result) == {"decllm/greedy", "decllm/sampled", "redllm/greedy", "redllm/sampled"}
+  assert set(result) == {f"{f}/{n}" for f in ("decllm", "redllm")
+                         for n in ("greedy", "sampled", "generate")}
   for name, (one, eight) in result.items():
     assert one == eight, name
     assert all(len(row) == 6 for row in one), name

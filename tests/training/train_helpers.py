@@ -5,10 +5,13 @@ pytest process keeps its single CPU device.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 from fast_compile import FLAGS as FAST_COMPILE_FLAGS
@@ -16,6 +19,10 @@ from t5like.config import Config, ModelConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_runner.py")
+# The subprocesses' temp dir, removed when this test process exits: a SIGKILLed run never runs
+# its own atexit cleanup, which would leave TF autograph's generated modules in the system's.
+SUBPROCESS_TMP = tempfile.mkdtemp(prefix="t5like_test_subprocesses_")
+atexit.register(shutil.rmtree, SUBPROCESS_TMP, ignore_errors=True)
 
 
 def tiny_config(family: str = "decllm", *, prefix: bool = False, steps: int = 20,
@@ -58,6 +65,7 @@ def subprocess_env(devices: int = 1, *, optimize: bool = False, **extra: str) ->
                                        os.path.dirname(os.path.dirname(RUNNER)),  # tests/
                                        env.get("PYTHONPATH", "")])
   env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  env["TMPDIR"] = SUBPROCESS_TMP
   env.update(extra)
   return env
 

@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test test-slow test-aot test-gpu tpu-table bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py $(wildcard t5like/kernels/*.cc t5like/kernels/*.h)  # Kernels: built at install.
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from t5like.kernels import cache_attention
 from t5like.models.attention import NEG_INF
 from t5like.models.layers import constrain
 
@@ -64,12 +65,15 @@ def attend(q_b1hk: jax.Array, k_bgsk: jax.Array, v_bgsk: jax.Array,
   """One query token per row over cached keys: [batch, 1, heads, head_dim].
 
   The same arithmetic as ``models.attention.dot_product_attention`` (query scaled in the
-  compute dtype, float32 scores and softmax, masked probabilities zeroed), on the cache layout.
+  compute dtype, float32 scores and softmax, masked probabilities zeroed), on the cache layout;
+  in float32 on CPU one kernel call (``t5like.kernels.cache_attention``) where it is built.
   """
   dt = q_b1hk.dtype
   b, _, h, k = q_b1hk.shape
   g = k_bgsk.shape[1]
   q_bgrk = q_b1hk.reshape(b, g, h // g, k) * jnp.asarray(k ** -0.5, dt)
+  if cache_attention.applies(q_bgrk, k_bgsk, v_bgsk):  # float32 on one CPU device.
+    return cache_attention.attend(q_bgrk, k_bgsk, v_bgsk, valid_bs).reshape(b, 1, h, k)
   scores_bgrs = jnp.einsum("bgrk,bgsk->bgrs", q_bgrk, k_bgsk,
                            preferred_element_type=jnp.float32)
   mask_b11s = valid_bs[:, None, None, :]

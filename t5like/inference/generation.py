@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from t5like import partitioning
 from t5like.inference import steps
 from t5like.inference.sampling import SamplingConfig, sample
+from t5like.kernels import library as cpu_kernels
 
 PAD_MULTIPLE = 16  # Prompt lengths are rounded up to this (fewer distinct compilations).
 MAX_LENGTH = 4096  # Default cache limit per row: prompt (+ BOS) + new tokens.
@@ -136,7 +137,8 @@ _COMPILED: dict = {}
 
 
 def _compiled(cfg, graphdef, layers_graphdef, transposed: bool, plan: _Plan):
-  key = (repr(cfg), transposed, plan)  # What the two graphdefs follow from (they do not hash).
+  # What the two graphdefs follow from (they do not hash), and the CPU kernels' switch.
+  key = (repr(cfg), transposed, plan, cpu_kernels.switched_on())
   if key not in _COMPILED:
     _COMPILED[key] = jax.jit(lambda *a: _run(graphdef, layers_graphdef, plan, *a))
   return _COMPILED[key]

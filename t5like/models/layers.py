@@ -11,6 +11,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
 
+from t5like.kernels import few_row
+
 Axes = tuple[str | None, ...]
 
 
@@ -123,8 +125,11 @@ def few_row_matmul(a_mk: jax.Array, b_nk: jax.Array, out_dtype) -> jax.Array:
   Computed as ``b a^T -> [N, M]``, the weight as the streamed left operand (on XLA:CPU
   1.2-1.4x faster than ``a b^T`` at M = 2..32 and equal at M = 1; ~1.8x when the weight fits in
   cache), then the small result transposed after an optimization barrier: without it XLA folds
-  the transpose back into the dot, which then runs as ``a b^T``.
+  the transpose back into the dot, which then runs as ``a b^T``. Float32 products of up to 16
+  rows on one CPU device run on ``t5like.kernels.few_row`` where it is built (~1.4x faster).
   """
+  if few_row.applies(a_mk, b_nk):
+    return few_row.matmul(a_mk, b_nk).astype(out_dtype)
   acc = jnp.float32 if a_mk.dtype in (jnp.bfloat16, jnp.float16) else None
   y_nm = jax.lax.dot_general(b_nk, a_mk, (((1,), (1,)), ((), ())), preferred_element_type=acc)
   return jax.lax.optimization_barrier(y_nm).T.astype(out_dtype)

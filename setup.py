@@ -1,0 +1,27 @@
+"""The optional CPU kernels of the decode step (``t5like/kernels/*.cc``) against XLA's FFI headers
+(jaxlib's). Everything else is in pyproject.toml. Without a C++ compiler the extension is skipped
+with a warning, and generation uses XLA's own operations (``t5like.kernels.library``).
+"""
+import os
+
+from setuptools import Extension, setup
+
+
+def _kernels() -> list[Extension]:
+  try:
+    import jaxlib  # A build requirement (pyproject.toml): its wheel ships the FFI headers.
+  except ImportError:  # e.g. --no-build-isolation in an environment without jaxlib.
+    print("warning: jaxlib not importable at build time; CPU kernels not built")
+    return []
+  return [Extension(
+      "t5like.kernels._cpu",
+      sources=["t5like/kernels/few_row.cc", "t5like/kernels/cache_attention.cc"],
+      depends=["t5like/kernels/common.h"],
+      include_dirs=[os.path.join(os.path.dirname(jaxlib.__file__), "include")],
+      language="c++",
+      extra_compile_args=["-O3", "-std=c++17", "-Wno-attributes", "-Wno-return-type"],
+      optional=True,  # No compiler: a warning, and XLA's own operations at run time.
+  )]
+
+
+setup(ext_modules=_kernels())

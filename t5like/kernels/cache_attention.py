@@ -1,0 +1,28 @@
+"""One query token per row over its key/value cache, float32 on CPU (``cache_attention.cc``).
+
+The decode step's attention is two batched products with one query row per (batch, head) and a
+masked softmax between them, which XLA:CPU runs on Eigen at ~11-15 GB/s; the kernel reads each
+pair's keys and values once, at the valid slots only (docs/performance.md).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from t5like.kernels import library
+
+
+def applies(q_bgrd: jax.Array, k_bgsd: jax.Array, v_bgsd: jax.Array) -> bool:
+  """Whether ``attend`` serves these operands: float32, head_dim a multiple of 8, and the
+  kernels usable (``library.usable``)."""
+  return (all(x.dtype == jnp.float32 and x.ndim == 4 for x in (q_bgrd, k_bgsd, v_bgsd))
+          and q_bgrd.shape[-1] % 8 == 0 and library.usable())
+
+
+def attend(q_bgrd: jax.Array, k_bgsd: jax.Array, v_bgsd: jax.Array,
+           valid_bs: jax.Array) -> jax.Array:
+  """``softmax(q k^T over the valid slots) v`` -> [batch, kv_heads, group, head_dim], zeros
+  for a row without a valid slot; ``q`` already scaled (check ``applies`` first)."""
+  out = jax.ShapeDtypeStruct(q_bgrd.shape, jnp.float32)
+  return jax.ffi.ffi_call(library.CACHE_ATTENTION, out, vmap_method="sequential")(
+      q_bgrd, k_bgsd, v_bgsd, valid_bs)

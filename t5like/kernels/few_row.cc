@@ -1,0 +1,76 @@
+// Few-row float32 matmul for XLA:CPU: y [M, N] = a [M, K] . w [N, K]^T, M small (decode steps).
+//
+// A decode step multiplies a few rows (one per sequence) by every weight once per token, so it
+// is bound by how fast the weights stream from memory. XLA:CPU's dot kernels stream an [N, K]
+// weight at ~10-13 GB/s at eight rows on a 2-core AVX2 host that reads ~30 GB/s; this kernel
+// keeps the rows in L1, streams each weight row once with a software prefetch ahead of it, and
+// splits the weight rows over XLA's intra-op threads (~16 GB/s, docs/performance.md).
+#include <algorithm>
+#include <cstdint>
+
+#include "common.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kRowsPerItem = 32;       // Weight rows a thread takes at a time.
+constexpr int64_t kPrefetchFloats = 2048;  // How far ahead of the loads the prefetch runs (8 KiB).
+
+#ifdef T5LIKE_X86
+// Rows [n0, n1) of w against M (<= 8) rows of a; K a multiple of 8.
+template <int M>
+__attribute__((target("avx2,fma"))) void Rows(const float* w, const float* a, float* y,
+                                              int64_t n0, int64_t n1, int64_t n_total,
+                                              int64_t k_len) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* w_row = w + n * k_len;
+    __m256 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < k_len; k += 8) {
+      _mm_prefetch(reinterpret_cast<const char*>(w_row + k + kPrefetchFloats), _MM_HINT_T0);
+      const __m256 w_vec = _mm256_loadu_ps(w_row + k);
+      for (int m = 0; m < M; ++m)
+        acc[m] = _mm256_fmadd_ps(w_vec, _mm256_loadu_ps(a + m * k_len + k), acc[m]);
+    }
+    for (int m = 0; m < M; ++m) y[m * n_total + n] = t5like::HorizontalSum(acc[m]);
+  }
+}
+
+using RowsFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+constexpr RowsFn kRows[] = {nullptr, Rows<1>, Rows<2>, Rows<3>, Rows<4>,
+                            Rows<5>, Rows<6>, Rows<7>, Rows<8>};
+#endif
+
+ffi::Error FewRowMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a_mk,
+                            ffi::Buffer<ffi::F32> w_nk, ffi::ResultBuffer<ffi::F32> y_mn) {
+#ifdef T5LIKE_X86
+  if (!t5like::CpuSupported()) return ffi::Error::InvalidArgument("needs AVX2 and FMA");
+  const auto a_dims = a_mk.dimensions(), w_dims = w_nk.dimensions();
+  if (a_dims.size() != 2 || w_dims.size() != 2 || a_dims[1] != w_dims[1] || a_dims[1] % 8 != 0)
+    return ffi::Error::InvalidArgument("few_row_matmul wants a [M, K], w [N, K], K % 8 == 0");
+  const float *a = a_mk.typed_data(), *w = w_nk.typed_data();
+  float* y = y_mn->typed_data();
+  const int64_t m = a_dims[0], n = w_dims[0], k = a_dims[1];
+  t5like::ParallelFor(pool, (n + kRowsPerItem - 1) / kRowsPerItem, [=](int64_t item) {
+    const int64_t n0 = item * kRowsPerItem, n1 = std::min(n, n0 + kRowsPerItem);
+    for (int64_t m0 = 0; m0 < m; m0 += 8)  // Blocks of 8 rows; each block streams w once.
+      kRows[std::min<int64_t>(8, m - m0)](w, a + m0 * k, y + m0 * n, n0, n1, n, k);
+  });
+  return ffi::Error::Success();
+#else
+  return ffi::Error::InvalidArgument("few_row_matmul is built for x86 only");
+#endif
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(T5likeFewRowMatmul, FewRowMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // a [M, K]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w [N, K]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y [M, N]
+);
+
+extern "C" int t5like_cpu_kernels_supported() { return t5like::CpuSupported() ? 1 : 0; }

@@ -1,0 +1,28 @@
+"""The decode step's few-row float32 products on CPU (``few_row.cc``).
+
+``y [M, N] = a [M, K] w [N, K]^T`` for a few rows M reads all of ``w`` per product: a decode step
+is bound by how fast its weights stream. XLA:CPU's dot kernels stream them at ~10-13 GB/s at
+eight rows on a 2-core AVX2 host that reads ~30 GB/s; the kernel ~16 (docs/performance.md).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from t5like.kernels import library
+
+MAX_ROWS = 16  # Above this XLA's own products keep up (the kernel streams w once per 8 rows).
+
+
+def applies(a_mk: jax.Array, w_nk: jax.Array) -> bool:
+  """Whether ``matmul`` serves this product: float32, K a multiple of 8, at most ``MAX_ROWS``
+  rows, and the kernels usable (``library.usable``)."""
+  return (a_mk.dtype == jnp.float32 and w_nk.dtype == jnp.float32
+          and a_mk.ndim == 2 and w_nk.ndim == 2 and a_mk.shape[1] == w_nk.shape[1]
+          and a_mk.shape[1] % 8 == 0 and 1 <= a_mk.shape[0] <= MAX_ROWS and library.usable())
+
+
+def matmul(a_mk: jax.Array, w_nk: jax.Array) -> jax.Array:
+  """``a [M, K] w [N, K]^T -> [M, N]`` in float32 on the kernel (check ``applies`` first)."""
+  out = jax.ShapeDtypeStruct((a_mk.shape[0], w_nk.shape[0]), jnp.float32)
+  return jax.ffi.ffi_call(library.FEW_ROW_MATMUL, out, vmap_method="sequential")(a_mk, w_nk)

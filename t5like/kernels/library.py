@@ -1,0 +1,54 @@
+"""The CPU kernels' shared library (``few_row.cc``, ``cache_attention.cc``): found, loaded and
+registered with XLA once; whether the decode step may use it.
+
+No library offers these kernels for XLA:CPU, hence C++ (docs/performance.md). The library is an
+optional extension built at install time (setup.py: a C++ compiler; x86 with AVX2 + FMA to run
+it). Where it is missing, off CPU, under a mesh (an FFI call is not partitioned), or with
+``T5LIKE_CPU_KERNELS=0`` when a function is traced, the callers use XLA's own operations.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import os
+
+import jax
+
+ENV_SWITCH = "T5LIKE_CPU_KERNELS"
+FEW_ROW_MATMUL = "t5like_few_row_matmul"
+CACHE_ATTENTION = "t5like_cache_attention"
+
+
+@functools.cache
+def _load() -> bool:
+  spec = importlib.util.find_spec("t5like.kernels._cpu")
+  if spec is None or spec.origin is None:
+    return False
+  try:
+    lib = ctypes.CDLL(spec.origin)
+  except OSError:
+    return False
+  if not lib.t5like_cpu_kernels_supported():  # The CPU lacks AVX2 / FMA.
+    return False
+  for name, symbol in ((FEW_ROW_MATMUL, lib.T5likeFewRowMatmul),
+                       (CACHE_ATTENTION, lib.T5likeCacheAttention)):
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(symbol), platform="cpu")
+  return True
+
+
+def built() -> bool:
+  """Whether the library is installed and this CPU can run it."""
+  return _load()
+
+
+def switched_on() -> bool:
+  """False where ``T5LIKE_CPU_KERNELS=0`` (read when a function is traced)."""
+  return os.environ.get(ENV_SWITCH, "1") != "0"
+
+
+def usable() -> bool:
+  """Whether the function being traced may call the kernels: switched on, on CPU, not under a
+  mesh, the library built."""
+  return (switched_on() and jax.sharding.get_abstract_mesh().empty
+          and jax.default_backend() == "cpu" and _load())

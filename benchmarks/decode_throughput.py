@@ -2,7 +2,7 @@
 """KV-cache generation speed of DecLLM and RedLLM at (about) equal parameters, on this machine.
 
   python benchmarks/decode_throughput.py [--cases 1x128+64,8x128+64,8x512+128] [--repeats 3]
-                                         [--dtypes float32] [--peer]
+                                         [--dtypes float32] [--peer] [--xla_kernels]
 
 Shapes of the small comparison models (docs/performance.md): d512, 8 x 64 heads, SwiGLU 1408,
 vocab 8192; DecLLM 4 layers, RedLLM 2 encoder + 2 decoder layers. Each case is
@@ -19,11 +19,14 @@ vocab 8192; DecLLM 4 layers, RedLLM 2 encoder + 2 decoder layers. Each case is
 
 ``--peer`` adds Hugging Face transformers' ``LlamaForCausalLM.generate`` (greedy, KV cache) on
 PyTorch at the DecLLM shapes, when torch and transformers are installed (never a dependency of
-t5like), and prints t5like's ratio to it.
+t5like), and prints t5like's ratio to it. ``--xla_kernels`` adds t5like rows whose decode
+steps run on XLA's own operations instead of the CPU kernels (``t5like/kernels/``, switched off by
+``T5LIKE_CPU_KERNELS=0``), in the same run.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -42,6 +45,7 @@ from t5like.evaluation.cost import inference_flops  # noqa: E402
 from t5like.inference import generation as gen  # noqa: E402
 from t5like.inference import steps  # noqa: E402
 from t5like.inference.sampling import SamplingConfig  # noqa: E402
+from t5like.kernels import library  # noqa: E402
 from t5like.models import build_model  # noqa: E402
 from train_throughput import peer_device  # noqa: E402  (PyTorch where JAX runs)
 
@@ -87,7 +91,25 @@ def prefill_seconds(generator: gen.Generator, prompts, new: int, repeats: int) -
                 repeats)
 
 
-def measure(family: str, dtype: str, batch: int, prompt: int, new: int, repeats: int) -> dict:
+@contextlib.contextmanager
+def _kernels_switched_off():
+  """``T5LIKE_CPU_KERNELS=0`` while a row is traced (the user's setting restored after)."""
+  before = os.environ.get(library.ENV_SWITCH)
+  os.environ[library.ENV_SWITCH] = "0"
+  try:
+    yield
+  finally:
+    os.environ.pop(library.ENV_SWITCH)
+    if before is not None:
+      os.environ[library.ENV_SWITCH] = before
+
+
+def measure(family: str, dtype: str, batch: int, prompt: int, new: int, repeats: int,
+            xla_kernels: bool = False) -> dict:
+  if xla_kernels:
+    with _kernels_switched_off():
+      row = measure(family, dtype, batch, prompt, new, repeats)
+    return {**row, "system": row["system"] + " (XLA ops)"}
   cfg = small_model_config(family, dtype)
   model = build_model(cfg, nnx.Rngs(0))
   params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -141,13 +163,18 @@ def main() -> None:
   parser.add_argument("--dtypes", default="float32")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--peer", action="store_true", help="also time transformers generate")
+  parser.add_argument("--xla_kernels", action="store_true",
+                      help="also time t5like with XLA's operations instead of the CPU kernels")
   args = parser.parse_args()
   rows = []
   for dtype in args.dtypes.split(","):
     for case in args.cases.split(","):
       batch, prompt, new = parse_case(case)
+      start = len(rows)
       for family in ("decllm", "redllm"):
         rows.append(measure(family, dtype, batch, prompt, new, args.repeats))
+        if args.xla_kernels:
+          rows.append(measure(family, dtype, batch, prompt, new, args.repeats, True))
       if args.peer:
         peer = measure_peer(dtype, batch, prompt, new, args.repeats)
         if peer is None:
@@ -155,7 +182,7 @@ def main() -> None:
           args.peer = False
         else:
           rows.append(peer)
-      for r in rows[-3 if args.peer else -2:]:  # As measured: a cut-off run keeps its rows.
+      for r in rows[start:]:  # As measured: a cut-off run keeps its rows.
         print(f"  {r['system']} {dtype} {case}: {r['new_tok_s']:,.0f} new tokens/s",
               file=sys.stderr, flush=True)
   print(runtime.huge_pages_state())
@@ -169,8 +196,8 @@ def main() -> None:
   peers = {(r["dtype"], r["case"]): r for r in rows if not r["system"].startswith("t5like")}
   for r in rows:
     p = peers.get((r["dtype"], r["case"]))
-    if p and r["system"] == "t5like decllm":
-      print(f"{r['case']} {r['dtype']}: t5like DecLLM / transformers = "
+    if p and r["system"].startswith("t5like decllm"):
+      print(f"{r['case']} {r['dtype']}: {r['system']} / transformers = "
             f"{r['new_tok_s'] / p['new_tok_s']:.2f}x new tokens/s")
 
 

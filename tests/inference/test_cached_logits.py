@@ -76,6 +76,11 @@ CASES = {
     "decllm_prefix_per_layer_unrolled": ("decllm", dict(decoder_attention="prefix",
                                                         mixed_attention="per_layer",
                                                         scan_layers=False)),
+    # The prefill's last layer runs apart from the scanned others (steps._last_self_block).
+    "decllm_prefix_per_layer_3_scanned": ("decllm", dict(decoder_attention="prefix",
+                                                         mixed_attention="per_layer",
+                                                         num_layers=3)),
+    "decllm_one_layer": ("decllm", dict(num_layers=1)),
     "redllm_per_head_norm": ("redllm", dict(attn_out_norm_scope="per_head")),
     "redllm_all_heads_gqa_mixed": ("redllm", dict(attn_out_norm_scope="all_heads",
                                                   num_kv_heads=2, mixed_attention="per_layer")),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,7 +44,27 @@ def _export(rev: str, dest: str) -> str:
       t.extractall(dest, filter="data")
     except TypeError:  # Python releases before extraction filters (3.10.11 and older).
       t.extractall(dest)
+  _share_built_kernels(dest)
   return dest
+
+
+def _share_built_kernels(dest: str) -> None:
+  """The working tree's built CPU kernels (``t5like/kernels/_cpu*.so``, not in git) for the
+  exported revision too, where its kernel sources are the same; else it runs without them."""
+  src, out = os.path.join(REPO, "t5like", "kernels"), os.path.join(dest, "t5like", "kernels")
+  if not os.path.isdir(out):
+    return
+  sources = sorted(f for f in os.listdir(out) if f.endswith((".cc", ".h")))
+  same = sources == sorted(f for f in os.listdir(src) if f.endswith((".cc", ".h"))) and all(
+      open(os.path.join(src, f), "rb").read() == open(os.path.join(out, f), "rb").read()
+      for f in sources)
+  built = [f for f in os.listdir(src) if f.startswith("_cpu") and f.endswith(".so")]
+  if same and built:
+    for f in built:
+      shutil.copy(os.path.join(src, f), out)
+  else:
+    print("note: the base revision runs without the CPU kernels (its kernel sources differ "
+          "from the working tree's, or none are built)", file=sys.stderr)
 
 
 def _load(root: str, *names: str) -> list:

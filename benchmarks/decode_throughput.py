@@ -13,7 +13,9 @@ vocab 8192; DecLLM 4 layers, RedLLM 2 encoder + 2 decoder layers. Each case is
 - ``decode tok/s``: generated tokens per second of the one-token steps (total minus prefill);
 - ``new tok/s``: generated tokens per second of a whole generation call (what Hugging Face's
   ``generate`` is usually quoted at), median of ``--repeats`` calls after one compiling call, from
-  one ``Generator`` (the decode layout of the weights made once, as HF's model is loaded once);
+  one ``Generator`` (the decode layout of the weights made once, as HF's model is loaded once).
+  The systems of a case take turns, one call each per round (``alternating_medians``): on a
+  shared host a peer timed minutes later ran 244-351 new tokens/s within one day;
 - ``GFLOP/seq``: analytic inference FLOPs per sequence (t5like.evaluation.cost, docs/flops.md:
   prefill + decode, forward only) — the paper's inference-cost comparison.
 
@@ -31,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any, Callable, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -104,28 +107,41 @@ def _kernels_switched_off():
       os.environ[library.ENV_SWITCH] = before
 
 
-def measure(family: str, dtype: str, batch: int, prompt: int, new: int, repeats: int,
-            xla_kernels: bool = False) -> dict:
-  if xla_kernels:
-    with _kernels_switched_off():
-      row = measure(family, dtype, batch, prompt, new, repeats)
-    return {**row, "system": row["system"] + " (XLA ops)"}
+class System(NamedTuple):
+  """One system of a case: ``call()`` runs one whole generation call; ``row(seconds)`` makes
+  its table row from the median call time."""
+  call: Callable[[], Any]
+  row: Callable[[float], dict]
+
+
+def t5like_system(family: str, dtype: str, batch: int, prompt: int, new: int, repeats: int,
+                  xla_kernels: bool = False) -> System:
   cfg = small_model_config(family, dtype)
   model = build_model(cfg, nnx.Rngs(0))
   params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   rng = np.random.RandomState(0)
   prompts = [rng.randint(2, cfg.vocab_size, size=prompt).tolist() for _ in range(batch)]
   generator = gen.Generator(model)  # The decode layout once, as eval.py's generation uses it.
-  total = _timed(lambda: generator(prompts, max_new_tokens=new, eos_id=-1), repeats)
-  pre = prefill_seconds(generator, prompts, new, repeats)
-  flops = inference_flops(cfg, prompt, new)
-  return {"system": f"t5like {family}", "dtype": dtype, "params_m": params / 1e6,
-          "case": f"{batch}x{prompt}+{new}", "prefill_tok_s": batch * prompt / pre,
-          "decode_tok_s": batch * new / max(total - pre, 1e-9),
-          "new_tok_s": batch * new / total, "gflop_seq": flops["total"] / 1e9}
+  switch = _kernels_switched_off if xla_kernels else contextlib.nullcontext
+
+  def call():
+    with switch():  # Read when the call is traced, and part of its compilation's key.
+      return generator(prompts, max_new_tokens=new, eos_id=-1)
+
+  def row(total: float) -> dict:
+    with switch():
+      pre = prefill_seconds(generator, prompts, new, repeats)
+    return {"system": f"t5like {family}" + (" (XLA ops)" if xla_kernels else ""),
+            "dtype": dtype, "params_m": params / 1e6, "case": f"{batch}x{prompt}+{new}",
+            "prefill_tok_s": batch * prompt / pre,
+            "decode_tok_s": batch * new / max(total - pre, 1e-9),
+            "new_tok_s": batch * new / total,
+            "gflop_seq": inference_flops(cfg, prompt, new)["total"] / 1e9}
+
+  return System(call, row)
 
 
-def measure_peer(dtype: str, batch: int, prompt: int, new: int, repeats: int) -> dict | None:
+def peer_system(dtype: str, batch: int, prompt: int, new: int) -> System | None:
   """transformers' Llama at the DecLLM shapes (tied embeddings, RMSNorm, SwiGLU, RoPE)."""
   try:
     import torch
@@ -142,19 +158,34 @@ def measure_peer(dtype: str, batch: int, prompt: int, new: int, repeats: int) ->
   model = transformers.LlamaForCausalLM(config).to(torch_dtype).to(device).eval()
   ids = torch.randint(2, 8192, (batch, prompt), device=device)
 
-  def run():
+  def call():
     with torch.inference_mode():
       model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                      min_new_tokens=new, do_sample=False, pad_token_id=0)
     if device == "cuda":
       torch.cuda.synchronize()
 
-  total = _timed(run, repeats)
   params = sum(p.numel() for p in model.parameters())
-  return {"system": "transformers Llama (PyTorch)", "dtype": dtype, "params_m": params / 1e6,
-          "case": f"{batch}x{prompt}+{new}", "prefill_tok_s": float("nan"),
-          "decode_tok_s": float("nan"), "new_tok_s": batch * new / total,
-          "gflop_seq": float("nan")}
+  return System(call, lambda total: {
+      "system": "transformers Llama (PyTorch)", "dtype": dtype, "params_m": params / 1e6,
+      "case": f"{batch}x{prompt}+{new}", "prefill_tok_s": float("nan"),
+      "decode_tok_s": float("nan"), "new_tok_s": batch * new / total, "gflop_seq": float("nan")})
+
+
+def alternating_medians(systems: list[System], repeats: int) -> list[float]:
+  """Median call time of each system over ``repeats`` rounds of one call each, the order
+  reversed every other round, after one call each (compilation, warm-up): on a shared host the
+  systems then see the same machine, not the same machine minutes apart."""
+  for s in systems:
+    s.call()
+  times = [[] for _ in systems]
+  for r in range(repeats):
+    order = list(range(len(systems)))
+    for i in (order if r % 2 == 0 else order[::-1]):
+      t = time.perf_counter()
+      systems[i].call()
+      times[i].append(time.perf_counter() - t)
+  return [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -170,18 +201,20 @@ def main() -> None:
   for dtype in args.dtypes.split(","):
     for case in args.cases.split(","):
       batch, prompt, new = parse_case(case)
-      start = len(rows)
+      systems = []
       for family in ("decllm", "redllm"):
-        rows.append(measure(family, dtype, batch, prompt, new, args.repeats))
+        systems.append(t5like_system(family, dtype, batch, prompt, new, args.repeats))
         if args.xla_kernels:
-          rows.append(measure(family, dtype, batch, prompt, new, args.repeats, True))
+          systems.append(t5like_system(family, dtype, batch, prompt, new, args.repeats, True))
       if args.peer:
-        peer = measure_peer(dtype, batch, prompt, new, args.repeats)
+        peer = peer_system(dtype, batch, prompt, new)
         if peer is None:
           print("--peer: torch / transformers not installed; no peer rows", file=sys.stderr)
           args.peer = False
         else:
-          rows.append(peer)
+          systems.append(peer)
+      start = len(rows)
+      rows += [s.row(t) for s, t in zip(systems, alternating_medians(systems, args.repeats))]
       for r in rows[start:]:  # As measured: a cut-off run keeps its rows.
         print(f"  {r['system']} {dtype} {case}: {r['new_tok_s']:,.0f} new tokens/s",
               file=sys.stderr, flush=True)

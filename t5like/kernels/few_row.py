@@ -11,7 +11,9 @@ import jax.numpy as jnp
 
 from t5like.kernels import library
 
-MAX_ROWS = 16  # Above this XLA's own products keep up (the kernel streams w once per 8 rows).
+# Measured faster up to here (16 rows: 9.9 against XLA's 7.6 GB/s); the kernel streams w once
+# per 8 rows, so larger batches, not measured, keep XLA's dot.
+MAX_ROWS = 16
 
 
 def applies(a_mk: jax.Array, w_nk: jax.Array) -> bool:

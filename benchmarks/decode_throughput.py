@@ -86,12 +86,12 @@ def prefill_seconds(generator: gen.Generator, prompts, new: int, repeats: int) -
   plan = gen._Plan(g.cfg.family, tokens.shape[1], new, -1, SamplingConfig())
 
   @jax.jit
-  def fn(params, layers, table, t, n):
-    weights = steps.DecodeWeights(nnx.merge(g._layers_graphdef, layers), table)
+  def fn(params, layers, table, inputs, t, n):
+    weights = steps.DecodeWeights(nnx.merge(g._layers_graphdef, layers), table, inputs)
     return gen._prefill(nnx.merge(g._graphdef, params), weights, plan, t, n)[:2]
 
-  return _timed(lambda: jax.block_until_ready(fn(g._params, g._layers, g._table, tokens, lens)),
-                repeats)
+  return _timed(lambda: jax.block_until_ready(
+      fn(g._params, g._layers, g._table, g._inputs, tokens, lens)), repeats)
 
 
 @contextlib.contextmanager

@@ -109,10 +109,11 @@ def _prefill(model, weights: steps.DecodeWeights, plan: _Plan, tokens_bp, lens_b
   return logits, cache, step
 
 
-def _run(graphdef, layers_graphdef, plan: _Plan, params, layers, table, tokens_bp, lens_b, rng):
+def _run(graphdef, layers_graphdef, plan: _Plan, params, layers, table, inputs, tokens_bp, lens_b,
+         rng):
   """Jitted body: prefill, first token, then a while loop; returns tokens [batch, new]."""
   model = nnx.merge(graphdef, params)
-  weights = steps.DecodeWeights(nnx.merge(layers_graphdef, layers), table)
+  weights = steps.DecodeWeights(nnx.merge(layers_graphdef, layers), table, inputs)
   logits, cache, step = _prefill(model, weights, plan, tokens_bp, lens_b)
   key = lambda t: None if rng is None else jax.random.fold_in(rng, t)  # noqa: E731
   y_b = sample(logits, key(0), plan.sampling)
@@ -181,7 +182,7 @@ class Generator:
       with self._on_mesh():
         weights = _decode_weights(nnx.merge(self._graphdef, self._params))
     self._layers_graphdef, self._layers = nnx.split(weights.layers)
-    self._table = weights.table
+    self._table, self._inputs = weights.table, weights.inputs
 
   def _on_mesh(self):
     return contextlib.nullcontext() if self.mesh is None else _mesh_context(self.mesh)
@@ -205,7 +206,7 @@ class Generator:
       tokens = jax.device_put(tokens, rows_sharding)
       lens = jax.device_put(lens, NamedSharding(self.mesh, PartitionSpec(rows_sharding.spec[0])))
     with self._on_mesh():
-      out = fn(self._params, self._layers, self._table, tokens, lens, rng)
+      out = fn(self._params, self._layers, self._table, self._inputs, tokens, lens, rng)
     result = []
     for row in np.asarray(out)[:len(rows)].tolist():
       result.append(row[:row.index(eos_id)] if eos_id in row else row)

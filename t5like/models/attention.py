@@ -60,12 +60,19 @@ class Attention(nnx.Module):
 
     A KV cache stores the k, v of this step; ``attend`` and ``project_out`` finish the layer.
     """
-    cfg = self.cfg
-    dt = dtype(cfg.dtype)
+    dt = dtype(self.cfg.dtype)
     xq, xkv = x_q_btd.astype(dt), x_kv_bsd.astype(dt)
     q_bthk = project(xq, kernel(self.wq, dt))  # btd,dhk->bthk
     k_bsgk = project(xkv, kernel(self.wk, dt))  # bsd,dgk->bsgk
     v_bsgk = project(xkv, kernel(self.wv, dt))
+    return self.norm_and_rotate(q_bthk, k_bsgk, v_bsgk, q_pos_bt, kv_pos_bs)
+
+  def norm_and_rotate(self, q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
+                      q_pos_bt: jax.Array | Rotary, kv_pos_bs: jax.Array | Rotary
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``project_qkv`` after its three products: the QKV norms and RoPE (also the end of the
+    decode step's single product over the side-by-side kernels, ``inference/steps.py``)."""
+    cfg = self.cfg
     if cfg.qkv_norm:
       q_bthk, k_bsgk, v_bsgk = self.q_norm(q_bthk), self.k_norm(k_bsgk), self.v_norm(v_bsgk)
     if self.use_rope:

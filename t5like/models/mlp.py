@@ -25,6 +25,11 @@ class SwiGLU(nnx.Module):
     x = x_btd.astype(dt)
     gate_btf = project(x, kernel(self.wi_gate, dt))
     up_btf = project(x, kernel(self.wi_up, dt))
+    return self.combine(gate_btf, up_btf, rng=rng)
+
+  def combine(self, gate_btf: jax.Array, up_btf: jax.Array, *,
+              rng: jax.Array | None = None) -> jax.Array:
+    """The MLP after its two input products: ``silu(gate) * up`` (dropout), then ``W_down``."""
     h_btf = constrain(jax.nn.silu(gate_btf) * up_btf, ("batch", "length", "mlp"))
     h_btf = dropout(h_btf, self.cfg.dropout_rate, fold(rng, 0))
-    return project(h_btf, kernel(self.wo, dt))
+    return project(h_btf, kernel(self.wo, dtype(self.cfg.dtype)))

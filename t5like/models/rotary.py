@@ -5,7 +5,7 @@ A forward pass computes the sine and cosine of its positions once (``rotary_tabl
 length, half] values) and every layer rotates its queries and keys with them: computed inside each
 layer instead, XLA fused the sin/cos into every rotation of ``[batch, length, heads, head_dim]``,
 forward and backward — transcendental work repeated per head and per layer (docs/performance.md).
-A single rotation from integer positions (the decode step's one token) keeps the fused form.
+The decode step's one token per row gets a table too, once per step for all layers.
 """
 from __future__ import annotations
 

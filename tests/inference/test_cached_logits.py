@@ -24,8 +24,9 @@ PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
 FORCED = np.asarray([[40, 41, 42, 43], [50, 51, 52, 53], [60, 61, 62, 63]], np.int32)
 
 
-def cached_logits(model, prompts, forced_bm):
-  """Logits [batch, m, vocab]: step 0 after the prompt, step t after forced tokens [:t]."""
+def cached_logits(model, prompts, forced_bm, transpose: bool | None = None):
+  """Logits [batch, m, vocab]: step 0 after the prompt, step t after forced tokens [:t]
+  (``transpose``: the decode weights' layout, ``steps.decode_weights``)."""
   tokens, lens = gen._pad_inputs(prompts, model.cfg.family, len(prompts))
   m = forced_bm.shape[1]
   plan = gen._Plan(model.cfg.family, tokens.shape[1], m, -1, SamplingConfig())
@@ -34,7 +35,8 @@ def cached_logits(model, prompts, forced_bm):
   @jax.jit
   def run(params, tokens, lens, forced):
     mdl = nnx.merge(graphdef, params)
-    logits, cache, step = gen._prefill(mdl, steps.decode_weights(mdl), plan, tokens, lens)
+    weights = steps.decode_weights(mdl, transpose=transpose)
+    logits, cache, step = gen._prefill(mdl, weights, plan, tokens, lens)
 
     def body(cache, t):
       lg, cache = step(forced[:, t - 1], t, cache)
@@ -87,11 +89,15 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(CASES) + ["decllm_gqa_accelerator_layout",
+                                                 "redllm_gqa_accelerator_layout"])
 def test_cached_logits_equal_full_forward(case):
-  family, overrides = CASES[case]
+  """On CPU the decode weights are transposed with side-by-side input kernels; the accelerator
+  layout (training layout, one product per kernel) is checked here on CPU too."""
+  accelerator = case.endswith("_accelerator_layout")
+  family, overrides = (case.split("_")[0], dict(num_kv_heads=2)) if accelerator else CASES[case]
   model = tiny_model(family, seed=1, **overrides)
-  got = cached_logits(model, PROMPTS, FORCED)
+  got = cached_logits(model, PROMPTS, FORCED, transpose=False if accelerator else None)
   want = full_logits(model, PROMPTS, FORCED)
   for i in range(len(PROMPTS)):
     for t in range(FORCED.shape[1]):
@@ -110,22 +116,62 @@ def test_prefix_prompt_is_bidirectional():
 
 def test_decode_layers_hold_transposed_copies_of_every_kernel():
   """On CPU the decode step's per-layer copies store each dense kernel [out, in] (the layout the
-  cached-logits test above runs through), with the same numbers as the stacked parameters, and
-  the logits read the embedding table itself."""
+  cached-logits test above runs through), with the same numbers as the stacked parameters; the
+  kernels that read the same input (self-attention q | k | v, the MLP's gate | up) side by side
+  in one ``InputKernels`` entry and not also in the layer; the logits read the embedding table
+  itself."""
   model = tiny_model("redllm", seed=2, num_kv_heads=2)
   weights = steps.decode_weights(model)
   assert weights.table.w_nk is model.embedding.table.get_value()
   layers = weights.layers
   stacked = model.decoder.layers
+  side_by_side = {("self_attention", "qkv"): ("wq", "wk", "wv"),
+                  ("mlp", "gate_up"): ("wi_gate", "wi_up")}
   seen = 0
-  for i, layer in enumerate(layers):
+  for i, (layer, inputs) in enumerate(zip(layers, weights.inputs, strict=True)):
+    def transposed(name, kname, n):
+      want = np.asarray(getattr(getattr(stacked, name), kname).get_value()[i])
+      return want.reshape(int(np.prod(want.shape[:n])), -1).T
+
     for name in ("self_attention", "cross_attention", "mlp"):
-      module, stacked_module = getattr(layer, name), getattr(stacked, name)
+      module = getattr(layer, name)
+      grouped = {k: kn for (mod, k), kn in side_by_side.items() if mod == name}
+      for field, knames in grouped.items():
+        got = getattr(inputs, field)
+        assert isinstance(got, TransposedKernel) and got.n_contract == 1
+        np.testing.assert_array_equal(np.asarray(got.w_nk), np.concatenate(
+            [transposed(name, kn, 1) for kn in knames]))
+        assert all(getattr(module, kn) is None for kn in knames)  # One copy, not two.
+        seen += len(knames)
       for kname, n in type(module).KERNELS.items():
+        if any(kname in kn for kn in grouped.values()):
+          continue
         got = getattr(module, kname).get_value()
-        want = np.asarray(getattr(stacked_module, kname).get_value()[i])
         assert isinstance(got, TransposedKernel) and got.n_contract == n
-        np.testing.assert_array_equal(
-            np.asarray(got.w_nk), want.reshape(int(np.prod(want.shape[:n])), -1).T)
+        np.testing.assert_array_equal(np.asarray(got.w_nk), transposed(name, kname, n))
         seen += 1
   assert seen == len(layers) * (4 + 4 + 3)
+
+
+@pytest.mark.parametrize("family", ["decllm", "redllm"])
+def test_decode_step_computes_its_rotation_once(family):
+  """Fused into each layer's query and key rotations, XLA:CPU computed the step's sin/cos per
+  head and layer; the step computes one table for all layers: as many cosines in the compiled
+  step of a 3-layer model as of a 1-layer one."""
+  def cosines(num_layers):
+    model = tiny_model(family, seed=0, **{"num_layers" if family == "decllm" else
+                                          "num_decoder_layers": num_layers})
+    tokens, lens = gen._pad_inputs(PROMPTS, family, len(PROMPTS))
+    plan = gen._Plan(family, tokens.shape[1], 2, -1, SamplingConfig())
+    graphdef = nnx.graphdef(model)
+
+    def one_step(params, tokens, lens):
+      mdl = nnx.merge(graphdef, params)
+      _, cache, step = gen._prefill(mdl, steps.decode_weights(mdl), plan, tokens, lens)
+      return step(jnp.ones(len(PROMPTS), jnp.int32), 1, cache)[0]
+
+    hlo = jax.jit(one_step).lower(nnx.to_pure_dict(nnx.state(model)), tokens, lens)
+    return hlo.compile().as_text().count(" cosine(")
+
+  one, three = cosines(1), cosines(3)
+  assert one == three, (one, three)

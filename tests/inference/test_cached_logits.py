@@ -121,7 +121,7 @@ def test_decode_layers_hold_transposed_copies_of_every_kernel():
   in one ``InputKernels`` entry and not also in the layer; the logits read the embedding table
   itself."""
   model = tiny_model("redllm", seed=2, num_kv_heads=2)
-  weights = steps.decode_weights(model)
+  weights = steps.decode_weights(model, transpose=True)  # The CPU default, on any platform.
   assert weights.table.w_nk is model.embedding.table.get_value()
   layers = weights.layers
   stacked = model.decoder.layers

@@ -89,15 +89,14 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES) + ["decllm_gqa_accelerator_layout",
-                                                 "redllm_gqa_accelerator_layout"])
-def test_cached_logits_equal_full_forward(case):
-  """On CPU the decode weights are transposed with side-by-side input kernels; the accelerator
-  layout (training layout, one product per kernel) is checked here on CPU too."""
-  accelerator = case.endswith("_accelerator_layout")
-  family, overrides = (case.split("_")[0], dict(num_kv_heads=2)) if accelerator else CASES[case]
+@pytest.mark.parametrize("layout", ["cpu", "accelerator"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cached_logits_equal_full_forward(case, layout):
+  """``cpu``: the decode weights transposed, with side-by-side input kernels; ``accelerator``:
+  the training layout, one product per kernel (also checked on CPU)."""
+  family, overrides = CASES[case]
   model = tiny_model(family, seed=1, **overrides)
-  got = cached_logits(model, PROMPTS, FORCED, transpose=False if accelerator else None)
+  got = cached_logits(model, PROMPTS, FORCED, transpose=layout == "cpu")
   want = full_logits(model, PROMPTS, FORCED)
   for i in range(len(PROMPTS)):
     for t in range(FORCED.shape[1]):

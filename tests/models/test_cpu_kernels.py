@@ -175,3 +175,38 @@ def test_callers_take_the_kernels_only_where_they_apply(kernels, monkeypatch):
   monkeypatch.setenv(library.ENV_SWITCH, "0")
   check_product(*product(8, 64), False)
   check_attention(attention(16), False)
+
+
+def _prompt_masks(b, h, t):
+  """[batch, heads|1, t, t] masks of a prefill: causal over left-padded rows (the padding's
+  query rows see nothing), bidirectional over a prefix, and per head (mixed directions)."""
+  pad = np.arange(t)[None, :] >= np.array([0, 3, t - 1])[:b, None]  # [b, t] real tokens.
+  causal = np.tril(np.ones((t, t), bool))[None] & pad[:, None, :] & pad[:, :, None]
+  prefix = causal | (pad[:, None, :] & pad[:, :, None] & (np.arange(t) < 5)[None, None, :])
+  per_head = np.stack([causal if i % 2 else prefix for i in range(h)], axis=1)
+  return {"causal": causal[:, None], "prefix": prefix[:, None], "per_head": per_head}
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "prefix", "per_head"])
+def test_prompt_attention_kernel_equals_the_training_core(kernels, mask_kind, monkeypatch):
+  """The prefill's attention (``steps._prompt_attention``: each query row of a (batch, kv head)
+  under its own mask row) equals ``dot_product_attention`` with GQA, left padding, prefix and
+  per-head masks, as one kernel call; switched off, it is the training core itself."""
+  from t5like.inference import steps
+  from t5like.models.attention import dot_product_attention
+  rng = np.random.default_rng(7)
+  b, t, h, g, d = 3, 21, 4, 2, 16
+  q = jnp.asarray(rng.standard_normal((b, t, h, d)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((b, t, g, d)), jnp.float32) for _ in range(2))
+  mask = jnp.asarray(_prompt_masks(b, h, t)[mask_kind])
+  causal = mask_kind == "causal"
+  fn = lambda *a: steps._prompt_attention(*a, causal)  # noqa: E731
+  want = jax.jit(lambda *a: dot_product_attention(*a, causal=causal))(q, k, v, mask)
+  assert _custom_calls(fn, q, k, v, mask) == 1
+  got = jax.jit(fn)(q, k, v, mask)
+  assert np.all(np.asarray(got)[2, :t - 1] == 0)  # Padding queries see nothing: zeros.
+  assert_close_to_scale(got, want)
+  last = jax.jit(lambda *a: steps._prompt_attention(*a))(q[:, -1:], k, v, mask[:, :, -1:])
+  assert_close_to_scale(last, want[:, -1:])  # The prefill's last layer: the last query only.
+  monkeypatch.setenv(library.ENV_SWITCH, "0")  # A new function: traced afresh, switch read.
+  assert _custom_calls(lambda *a: steps._prompt_attention(*a, causal), q, k, v, mask) == 0

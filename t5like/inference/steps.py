@@ -107,8 +107,9 @@ class InputKernels(NamedTuple):
   """A decode layer's kernels that read the same input, side by side: one few-row product
   streams each group in one pass (at 8 rows 1.13x faster than one product per kernel; the
   DecLLM 8 x 128 + 64 call ~1.05x)."""
-  qkv: TransposedKernel  # Self-attention wq | wk | wv: [(heads + 2 kv_heads) * head_dim, embed].
-  gate_up: TransposedKernel  # SwiGLU wi_gate | wi_up: [2 * d_ff, embed].
+  # Self-attention wq | wk | wv: [(heads + 2 kv_heads) * head_dim, embed]; None: in the layer.
+  qkv: TransposedKernel | None
+  gate_up: TransposedKernel | None  # SwiGLU wi_gate | wi_up: [2 * d_ff, embed]; None: likewise.
 
 
 class DecodeWeights(NamedTuple):
@@ -116,6 +117,10 @@ class DecodeWeights(NamedTuple):
   layers: list[nnx.Module]  # ``unstack(model.decoder)``; with ``inputs``, minus those kernels.
   table: TransposedKernel | None  # The embedding table for the logits (CPU), else None.
   inputs: list[InputKernels] | None = None  # Per layer (CPU), else None.
+
+  def layer_inputs(self) -> list[InputKernels]:
+    """``inputs``, or for every layer none side by side (each kernel in its layer module)."""
+    return self.inputs or [InputKernels(None, None)] * len(self.layers)
 
 
 def decode_weights(model, transpose: bool | None = None) -> DecodeWeights:
@@ -174,14 +179,15 @@ def _prompt_attention(q_bthk, k_btgk, v_btgk, mask_bhts, causal: bool = False):
   """``dot_product_attention`` of a prefill; in float32 on one CPU device one call of the
   ``cache_attention`` kernel, each query row under its own mask row (XLA's batched products and
   masked softmax took ~8 ms a layer at 8 x 129 tokens)."""
+  # ``applies`` reads dtypes, ranks and head_dim: the same before the transposes below.
+  if not isinstance(mask_bhts, jax.Array) or not cache_attention.applies(q_bthk, k_btgk, v_btgk):
+    return dot_product_attention(q_bthk, k_btgk, v_btgk, mask_bhts, causal=causal)
   b, t, h, d = q_bthk.shape
   g = k_btgk.shape[2]
   # The core's layout: heads-major, a group's heads stacked along the query rows.
   q_bgrd = jnp.swapaxes(q_bthk * jnp.asarray(d ** -0.5, q_bthk.dtype), 1, 2).reshape(
       b, g, h // g * t, d)
   k_bgsd, v_bgsd = jnp.swapaxes(k_btgk, 1, 2), jnp.swapaxes(v_btgk, 1, 2)
-  if not isinstance(mask_bhts, jax.Array) or not cache_attention.applies(q_bgrd, k_bgsd, v_bgsd):
-    return dot_product_attention(q_bthk, k_btgk, v_btgk, mask_bhts, causal=causal)
   mask_bgrs = jnp.broadcast_to(mask_bhts, (b, h) + mask_bhts.shape[2:]).reshape(
       b, g, h // g * t, -1)
   out_bgrd = cache_attention.attend(q_bgrd, k_bgsd, v_bgsd, mask_bgrs)
@@ -262,8 +268,7 @@ def decllm_decode(model, weights: DecodeWeights, token_b, position_b, slot, cach
   rope_b1 = _step_rotary(model, position_b[:, None])
   x_b1d = model.embedding.embed(token_b[:, None])
   ks, vs = [], []
-  inputs = weights.inputs or [InputKernels(None, None)] * len(weights.layers)
-  for layer, w, k_bgsk, v_bgsk in zip(weights.layers, inputs, cache.k, cache.v):
+  for layer, w, k_bgsk, v_bgsk in zip(weights.layers, weights.layer_inputs(), cache.k, cache.v):
     h, k_bgsk, v_bgsk = _cached_self_attention(layer.attention, layer.pre_attention_norm(x_b1d),
                                                rope_b1, k_bgsk, v_bgsk, slot, valid_bs, w.qkv)
     x_b1d = x_b1d + h
@@ -305,9 +310,8 @@ def redllm_decode(model, weights: DecodeWeights, token_b, position_b, slot, cach
   rope_b1 = _step_rotary(model, position_b[:, None])
   x_b1d = model.embedding.embed(token_b[:, None])
   ks, vs = [], []
-  inputs = weights.inputs or [InputKernels(None, None)] * len(weights.layers)
-  for layer, w, k_bgsk, v_bgsk, ck_bgsk, cv_bgsk in zip(weights.layers, inputs, cache.k, cache.v,
-                                                         cross.k, cross.v):
+  for layer, w, k_bgsk, v_bgsk, ck_bgsk, cv_bgsk in zip(
+      weights.layers, weights.layer_inputs(), cache.k, cache.v, cross.k, cross.v):
     h, k_bgsk, v_bgsk = _cached_self_attention(
         layer.self_attention, layer.pre_self_attention_norm(x_b1d), rope_b1, k_bgsk, v_bgsk, slot,
         valid_bs, w.qkv)

@@ -6,6 +6,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from t5like.kernels import argmax as cpu_argmax
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
@@ -33,6 +35,8 @@ def sample(logits_bv: jax.Array, rng: jax.Array | None, cfg: SamplingConfig) -> 
   """int32 [batch] next tokens from float logits [batch, vocab]."""
   logits_bv = logits_bv.astype(jnp.float32)
   if cfg.greedy:
+    if cpu_argmax.applies(logits_bv):  # XLA:CPU's argmax is a slow variadic reduce.
+      return cpu_argmax.argmax(logits_bv)
     return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
   logits_bv = logits_bv / cfg.temperature
   neg = jnp.finfo(jnp.float32).min

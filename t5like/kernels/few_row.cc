@@ -6,7 +6,9 @@
 // keeps the rows in L1, streams each weight row once with a software prefetch ahead of it, and
 // splits the weight rows over XLA's intra-op threads (~16 GB/s, docs/performance.md).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "common.h"
 
@@ -63,7 +65,94 @@ ffi::Error FewRowMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a_mk,
 #endif
 }
 
+#ifdef T5LIKE_X86
+// silu(g) * u = g * sigmoid(g) * u over n floats; sigmoid from exp(-|g|) (never overflows).
+__attribute__((target("avx2,fma"))) void SiluTimes(const float* g, const float* u, float* out,
+                                                   int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gi = _mm256_loadu_ps(g + i);
+    const __m256 e = t5like::ExpNonPositive(_mm256_or_ps(gi, sign));  // exp(-|g|)
+    // sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) for g < 0 (the sign bit picks).
+    const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, gi), _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(gi, sig), _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+#endif
+
+// few_row_matmul of RMSNorm(a) (``x / rms(x) * scale`` per row, if ``norm``), and with ``glu``
+// silu(first half of y) * (second half) [M, N / 2]: a decode step's norm -> product (-> SwiGLU)
+// as one call instead of four to six small XLA operations around the product.
+ffi::Error FewRowNormedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a_mk,
+                            ffi::Buffer<ffi::F32> scale_k, ffi::Buffer<ffi::F32> w_nk,
+                            int32_t norm, int32_t glu, float eps,
+                            ffi::ResultBuffer<ffi::F32> y_mn) {
+#ifdef T5LIKE_X86
+  if (!t5like::CpuSupported()) return ffi::Error::InvalidArgument("needs AVX2 and FMA");
+  const auto a_dims = a_mk.dimensions(), w_dims = w_nk.dimensions(), y_dims = y_mn->dimensions();
+  if (a_dims.size() != 2 || w_dims.size() != 2 || a_dims[1] != w_dims[1] || a_dims[1] % 8 != 0 ||
+      scale_k.element_count() != a_dims[1] || y_dims.size() != 2 || y_dims[0] != a_dims[0] ||
+      y_dims[1] * (glu ? 2 : 1) != w_dims[0])
+    return ffi::Error::InvalidArgument(
+        "few_row_normed wants a [M, K], scale [K], w [N, K], y [M, N] (glu: [M, N / 2]), "
+        "K % 8 == 0");
+  const int64_t m = a_dims[0], n = w_dims[0], k = a_dims[1];
+  std::vector<float> normed(a_mk.typed_data(), a_mk.typed_data() + m * k);
+  if (norm) {
+    const float* scale = scale_k.typed_data();
+    for (int64_t r = 0; r < m; ++r) {
+      float* x = normed.data() + r * k;
+      float sum = 0.0f;
+      for (int64_t i = 0; i < k; ++i) sum += x[i] * x[i];
+      const float inv = 1.0f / std::sqrt(sum / static_cast<float>(k) + eps);
+      for (int64_t i = 0; i < k; ++i) x[i] = x[i] * inv * scale[i];
+    }
+  }
+  const float *a = normed.data(), *w = w_nk.typed_data();
+  float* y = y_mn->typed_data();
+  const int64_t n_out = glu ? n / 2 : n;
+  t5like::ParallelFor(pool, (n_out + kRowsPerItem - 1) / kRowsPerItem, [=](int64_t item) {
+    const int64_t n0 = item * kRowsPerItem, n1 = std::min(n_out, n0 + kRowsPerItem);
+    if (!glu) {
+      for (int64_t m0 = 0; m0 < m; m0 += 8)
+        kRows[std::min<int64_t>(8, m - m0)](w, a + m0 * k, y + m0 * n, n0, n1, n, k);
+      return;
+    }
+    // Gate rows [n0, n1) and up rows [n_out + n0, n_out + n1) into [m, 32] buffers, then y.
+    thread_local std::vector<float> gate, up;
+    gate.resize(m * kRowsPerItem);
+    up.resize(m * kRowsPerItem);
+    for (int64_t m0 = 0; m0 < m; m0 += 8) {
+      const RowsFn rows = kRows[std::min<int64_t>(8, m - m0)];
+      rows(w, a + m0 * k, gate.data() + m0 * kRowsPerItem - n0, n0, n1, kRowsPerItem, k);
+      rows(w + n_out * k, a + m0 * k, up.data() + m0 * kRowsPerItem - n0, n0, n1, kRowsPerItem,
+           k);
+    }
+    for (int64_t r = 0; r < m; ++r)
+      SiluTimes(gate.data() + r * kRowsPerItem, up.data() + r * kRowsPerItem,
+                y + r * n_out + n0, n1 - n0);
+  });
+  return ffi::Error::Success();
+#else
+  return ffi::Error::InvalidArgument("few_row_normed is built for x86 only");
+#endif
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(T5likeFewRowNormed, FewRowNormedImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // a [M, K]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // RMSNorm scale [K]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w [N, K]
+                                  .Attr<int32_t>("norm")
+                                  .Attr<int32_t>("glu")
+                                  .Attr<float>("eps")
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y [M, N] or [M, N / 2]
+);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(T5likeFewRowMatmul, FewRowMatmulImpl,
                               ffi::Ffi::Bind()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from t5like.kernels import library
 
@@ -28,3 +29,16 @@ def matmul(a_mk: jax.Array, w_nk: jax.Array) -> jax.Array:
   """``a [M, K] w [N, K]^T -> [M, N]`` in float32 on the kernel (check ``applies`` first)."""
   out = jax.ShapeDtypeStruct((a_mk.shape[0], w_nk.shape[0]), jnp.float32)
   return jax.ffi.ffi_call(library.FEW_ROW_MATMUL, out, vmap_method="sequential")(a_mk, w_nk)
+
+
+def normed_matmul(a_mk: jax.Array, scale_k: jax.Array, w_nk: jax.Array, eps: float,
+                  glu: bool = False) -> jax.Array:
+  """``matmul`` of ``a``'s rows RMS-normed (``x / rms(x) * scale``, as ``norms.RMSNorm``); with
+  ``glu`` then ``silu(y[:, :N/2]) * y[:, N/2:]`` -> [M, N / 2] (the SwiGLU's gate | up). One call
+  for what is four to six small XLA operations around the product in a decode step. Check
+  ``applies`` first."""
+  n = w_nk.shape[0] // 2 if glu else w_nk.shape[0]
+  out = jax.ShapeDtypeStruct((a_mk.shape[0], n), jnp.float32)
+  return jax.ffi.ffi_call(library.FEW_ROW_NORMED, out, vmap_method="sequential")(
+      a_mk, scale_k.astype(jnp.float32), w_nk, norm=np.int32(1), glu=np.int32(glu),
+      eps=np.float32(eps))

@@ -1,4 +1,4 @@
-"""The CPU kernels' shared library (``few_row.cc``, ``cache_attention.cc``): found, loaded and
+"""The CPU kernels' shared library (``few_row.cc``, ``cache_attention.cc``, ``argmax.cc``): found, loaded and
 registered with XLA once; whether the decode step may use it.
 
 No library offers these kernels for XLA:CPU, hence C++ (docs/performance.md). The library is an
@@ -17,7 +17,10 @@ import jax
 
 ENV_SWITCH = "T5LIKE_CPU_KERNELS"
 FEW_ROW_MATMUL = "t5like_few_row_matmul"
+FEW_ROW_NORMED = "t5like_few_row_normed"
 CACHE_ATTENTION = "t5like_cache_attention"
+ARGMAX = "t5like_argmax"
+ATTENTION_STEP = "t5like_attention_step"
 
 
 @functools.cache
@@ -32,7 +35,10 @@ def _load() -> bool:
   if not lib.t5like_cpu_kernels_supported():  # The CPU lacks AVX2 / FMA.
     return False
   for name, symbol in ((FEW_ROW_MATMUL, lib.T5likeFewRowMatmul),
-                       (CACHE_ATTENTION, lib.T5likeCacheAttention)):
+                       (FEW_ROW_NORMED, lib.T5likeFewRowNormed),
+                       (CACHE_ATTENTION, lib.T5likeCacheAttention),
+                       (ARGMAX, lib.T5likeArgmax),
+                       (ATTENTION_STEP, lib.T5likeAttentionStep)):
     try:
       jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(symbol), platform="cpu")
     except jax.errors.JaxRuntimeError as e:  # A second copy of t5like (benchmarks/ab_revision).

@@ -29,7 +29,11 @@ class SwiGLU(nnx.Module):
 
   def combine(self, gate_btf: jax.Array, up_btf: jax.Array, *,
               rng: jax.Array | None = None) -> jax.Array:
-    """The MLP after its two input products: ``silu(gate) * up`` (dropout), then ``W_down``."""
-    h_btf = constrain(jax.nn.silu(gate_btf) * up_btf, ("batch", "length", "mlp"))
+    """The MLP after its two input products: ``silu(gate) * up``, then ``down``."""
+    return self.down(jax.nn.silu(gate_btf) * up_btf, rng=rng)
+
+  def down(self, h_btf: jax.Array, *, rng: jax.Array | None = None) -> jax.Array:
+    """The MLP after its gating: (dropout,) ``W_down``: [b, t, f] -> [b, t, d]."""
+    h_btf = constrain(h_btf, ("batch", "length", "mlp"))
     h_btf = dropout(h_btf, self.cfg.dropout_rate, fold(rng, 0))
     return project(h_btf, kernel(self.wo, dtype(self.cfg.dtype)))

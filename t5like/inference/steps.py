@@ -32,14 +32,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t5like.inference import cache as cache_lib
+from t5like.inference import fused
 from t5like.inference.cache import KVCache
-from t5like.kernels import cache_attention, few_row
+from t5like.kernels import cache_attention
 from t5like.models.attention import dot_product_attention
 from t5like.models.blocks import SelfContext, layer_mask
 from t5like.models.decllm import self_context
-from t5like.models.layers import (TransposedKernel, constrain, dtype, on_cpu, project,
+from t5like.models.layers import (TransposedKernel, constrain, dtype, kernel, on_cpu, project,
                                   transpose_kernel)
-from t5like.models.norms import RMSNorm
 from t5like.models.rotary import Rotary, rotary_table
 from t5like.models.stack import LayerStack
 
@@ -163,49 +163,25 @@ def _split_qkv(attn, y_b1n, rope_b1: Rotary):
   return attn.norm_and_rotate(heads(q), heads(k), heads(v), rope_b1, rope_b1)
 
 
-def _attention_step_kernel(attn, y_b1n, rope_b1: Rotary, k_bgsk, v_bgsk, slot, valid_bs):
-  """The rest of a self-attention step after the q | k | v product as one kernel call
-  (``cache_attention.attend_step``: norms, RoPE, cache writes and attention; ~50 us of small XLA
-  operations per layer at 8 rows), or None where it does not apply."""
-  cfg, (b, _, n) = attn.cfg, y_b1n.shape
-  if not cache_attention.step_applies(y_b1n.reshape(b, n), k_bgsk, v_bgsk):
-    return None
-  scales, eps = None, 0.0
-  if cfg.qkv_norm:
-    norms = (attn.q_norm, attn.k_norm, attn.v_norm)
-    scales, eps = jnp.stack([m.scale[...] for m in norms]), norms[0].eps
-  rope = jnp.stack([rope_b1.sin.reshape(b, -1), rope_b1.cos.reshape(b, -1)]) \
-      if attn.use_rope else None
-  out_bgrk, k_bgsk, v_bgsk = cache_attention.attend_step(
-      y_b1n.reshape(b, n), scales, eps, rope, k_bgsk, v_bgsk, slot, valid_bs)
-  return attn.project_out(out_bgrk.reshape(b, 1, -1, cfg.head_dim)), k_bgsk, v_bgsk
-
-
-def _normed_product(norm, x_b1d, w: TransposedKernel, glu: bool = False) -> jax.Array | None:
-  """``norm(x) @ w`` (with ``glu``: then ``silu(gate) * up`` of its two halves) as one few-row
-  kernel call (``few_row.normed_matmul``) in a float32 model on CPU, or None elsewhere."""
-  b, t, k = x_b1d.shape
-  x_mk = x_b1d.reshape(b * t, k)
-  if not (isinstance(norm, RMSNorm) and norm.scale.shape == (k,)
-          and few_row.applies(x_mk, w.w_nk)):
-    return None
-  return few_row.normed_matmul(x_mk, norm.scale[...], w.w_nk, norm.eps, glu).reshape(b, t, -1)
-
-
-def _mlp(mlp, norm, x_b1d, w_gate_up: TransposedKernel | None):
-  """``mlp(norm(x))`` of one token per row, its two input products as one over ``w_gate_up``
-  (on CPU in float32 one kernel call from the norm to the gating)."""
+def _mlp_residual(mlp, norm, x_b1d, w_gate_up: TransposedKernel | None):
+  """``x + mlp(norm(x))`` of one token per row, the MLP's two input products as one over
+  ``w_gate_up`` (on CPU in float32 two kernel calls: norm to gating, then ``W_down`` and the
+  residual, ``fused``)."""
   if w_gate_up is None:
-    return mlp(norm(x_b1d))
+    return x_b1d + mlp(norm(x_b1d))
+  h_b1f = fused.normed_product(norm, x_b1d, w_gate_up, glu=True)
+  if h_b1f is not None:
+    x_new = fused.plus_product(x_b1d, h_b1f, kernel(mlp.wo, jnp.float32))
+    return x_b1d + mlp.down(h_b1f) if x_new is None else x_new
   dt = dtype(mlp.cfg.dtype)
-  if dt == jnp.float32 and (h := _normed_product(norm, x_b1d, w_gate_up, glu=True)) is not None:
-    return mlp.down(h)
   gate, up = jnp.split(project(norm(x_b1d).astype(dt), w_gate_up.astype(dt)), 2, axis=-1)
-  return mlp.combine(gate, up)
+  return x_b1d + mlp.combine(gate, up)
 
 
 def _logits(model, norm, x_b1d, table: TransposedKernel | None = None) -> jax.Array:
-  return model.embedding.logits(norm(x_b1d), table)[:, -1]  # [batch, vocab] float32.
+  """[batch, vocab] float32 logits of the last position (on CPU one kernel call: ``fused``)."""
+  fast = fused.logits(norm, x_b1d[:, -1:], table, model.cfg.d_model)
+  return model.embedding.logits(norm(x_b1d), table)[:, -1] if fast is None else fast
 
 
 def _prompt_attention(q_bthk, k_btgk, v_btgk, mask_bhts, causal: bool = False):
@@ -258,25 +234,26 @@ def _step_rotary(model, pos_b1) -> Rotary:
 
 def _cached_self_attention(attn, norm, x_b1d, rope_b1: Rotary, k_bgsk, v_bgsk, slot, valid_bs,
                            w_qkv: TransposedKernel | None):
-  """Self-attention of ``norm(x)``, one new token per row written at ``slot``, over every valid
-  slot; with ``w_qkv`` (q | k | v side by side) its one product, and on CPU in float32 two kernel
-  calls: the norm and product, then the rest (``_attention_step_kernel``)."""
+  """``x`` plus the self-attention of ``norm(x)``, one new token per row written at ``slot``, over
+  every valid slot; returns (x, k cache, v cache). With ``w_qkv`` (q | k | v side by side) one
+  product, and on CPU in float32 three kernel calls (``fused``): norm and product, the rest of
+  the attention, the output product and the residual."""
   if w_qkv is None:
     h_b1d = norm(x_b1d)
     q_b1hk, k_b1gk, v_b1gk = attn.project_qkv(h_b1d, h_b1d, rope_b1, rope_b1)
   else:
-    dt = dtype(attn.cfg.dtype)
-    y_b1n = _normed_product(norm, x_b1d, w_qkv) if dt == jnp.float32 else None
+    y_b1n = fused.normed_product(norm, x_b1d, w_qkv)
     if y_b1n is None:  # [b, 1, (heads + 2 kv_heads) * head_dim]
+      dt = dtype(attn.cfg.dtype)
       y_b1n = project(norm(x_b1d).astype(dt), w_qkv.astype(dt))
-    fused = _attention_step_kernel(attn, y_b1n, rope_b1, k_bgsk, v_bgsk, slot, valid_bs)
-    if fused is not None:
-      return fused
+    done = fused.self_attention_step(attn, x_b1d, y_b1n, rope_b1, k_bgsk, v_bgsk, slot, valid_bs)
+    if done is not None:
+      return done
     q_b1hk, k_b1gk, v_b1gk = _split_qkv(attn, y_b1n, rope_b1)
   k_bgsk = cache_lib.write(k_bgsk, slot, k_b1gk)
   v_bgsk = cache_lib.write(v_bgsk, slot, v_b1gk)
   out_b1hk = cache_lib.attend(q_b1hk, k_bgsk, v_bgsk, valid_bs)
-  return attn.project_out(out_b1hk), k_bgsk, v_bgsk
+  return x_b1d + attn.project_out(out_b1hk), k_bgsk, v_bgsk
 
 
 def decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp, slots: int):
@@ -315,10 +292,10 @@ def decllm_decode(model, weights: DecodeWeights, token_b, position_b, slot, cach
   x_b1d = model.embedding.embed(token_b[:, None])
   ks, vs = [], []
   for layer, w, k_bgsk, v_bgsk in zip(weights.layers, weights.layer_inputs(), cache.k, cache.v):
-    h, k_bgsk, v_bgsk = _cached_self_attention(layer.attention, layer.pre_attention_norm, x_b1d,
-                                               rope_b1, k_bgsk, v_bgsk, slot, valid_bs, w.qkv)
-    x_b1d = x_b1d + h
-    x_b1d = x_b1d + _mlp(layer.mlp, layer.pre_mlp_norm, x_b1d, w.gate_up)
+    x_b1d, k_bgsk, v_bgsk = _cached_self_attention(
+        layer.attention, layer.pre_attention_norm, x_b1d, rope_b1, k_bgsk, v_bgsk, slot, valid_bs,
+        w.qkv)
+    x_b1d = _mlp_residual(layer.mlp, layer.pre_mlp_norm, x_b1d, w.gate_up)
     ks.append(k_bgsk)
     vs.append(v_bgsk)
   return (_logits(model, model.final_norm, x_b1d, weights.table),
@@ -358,16 +335,15 @@ def redllm_decode(model, weights: DecodeWeights, token_b, position_b, slot, cach
   ks, vs = [], []
   for layer, w, k_bgsk, v_bgsk, ck_bgsk, cv_bgsk in zip(
       weights.layers, weights.layer_inputs(), cache.k, cache.v, cross.k, cross.v):
-    h, k_bgsk, v_bgsk = _cached_self_attention(
+    x_b1d, k_bgsk, v_bgsk = _cached_self_attention(
         layer.self_attention, layer.pre_self_attention_norm, x_b1d, rope_b1, k_bgsk, v_bgsk, slot,
         valid_bs, w.qkv)
-    x_b1d = x_b1d + h
     h = layer.pre_cross_attention_norm(x_b1d)
     # Query only: keys/values of a zero-length input cost nothing (they are cached in ``cross``).
     q_b1hk, _, _ = layer.cross_attention.project_qkv(h, h[:, :0], rope_b1, rope_b1)
-    x_b1d = x_b1d + layer.cross_attention.project_out(
-        cache_lib.attend(q_b1hk, ck_bgsk, cv_bgsk, cross.valid_bs))
-    x_b1d = x_b1d + _mlp(layer.mlp, layer.pre_mlp_norm, x_b1d, w.gate_up)
+    x_b1d = fused.plus_attention_output(layer.cross_attention, x_b1d,
+                                        cache_lib.attend(q_b1hk, ck_bgsk, cv_bgsk, cross.valid_bs))
+    x_b1d = _mlp_residual(layer.mlp, layer.pre_mlp_norm, x_b1d, w.gate_up)
     ks.append(k_bgsk)
     vs.append(v_bgsk)
   return (_logits(model, model.decoder_norm, x_b1d, weights.table),

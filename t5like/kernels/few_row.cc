@@ -82,35 +82,38 @@ __attribute__((target("avx2,fma"))) void SiluTimes(const float* g, const float* 
 }
 #endif
 
-// few_row_matmul of RMSNorm(a) (``x / rms(x) * scale`` per row, if ``norm``), and with ``glu``
-// silu(first half of y) * (second half) [M, N / 2]: a decode step's norm -> product (-> SwiGLU)
-// as one call instead of four to six small XLA operations around the product.
-ffi::Error FewRowNormedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a_mk,
-                            ffi::Buffer<ffi::F32> scale_k, ffi::Buffer<ffi::F32> w_nk,
-                            int32_t norm, int32_t glu, float eps,
-                            ffi::ResultBuffer<ffi::F32> y_mn) {
+// few_row_matmul with a decode step's neighbouring operations, each optional: the rows of a
+// RMS-normed (``x / rms(x) * scale``, ``norm``) and times ``factor``; then with ``glu``
+// silu(first half of y) * (second half) [M, N / 2]; then plus ``residual`` (``add``). One call
+// instead of up to six small XLA operations around the product.
+ffi::Error FewRowFusedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a_mk,
+                           ffi::Buffer<ffi::F32> scale_k, ffi::Buffer<ffi::F32> w_nk,
+                           ffi::Buffer<ffi::F32> residual, int32_t norm, float eps, float factor,
+                           int32_t glu, int32_t add, ffi::ResultBuffer<ffi::F32> y_mn) {
 #ifdef T5LIKE_X86
   if (!t5like::CpuSupported()) return ffi::Error::InvalidArgument("needs AVX2 and FMA");
   const auto a_dims = a_mk.dimensions(), w_dims = w_nk.dimensions(), y_dims = y_mn->dimensions();
   if (a_dims.size() != 2 || w_dims.size() != 2 || a_dims[1] != w_dims[1] || a_dims[1] % 8 != 0 ||
-      scale_k.element_count() != a_dims[1] || y_dims.size() != 2 || y_dims[0] != a_dims[0] ||
-      y_dims[1] * (glu ? 2 : 1) != w_dims[0])
+      (norm && scale_k.element_count() != a_dims[1]) || y_dims.size() != 2 ||
+      y_dims[0] != a_dims[0] || y_dims[1] * (glu ? 2 : 1) != w_dims[0] ||
+      (add && residual.element_count() != y_dims[0] * y_dims[1]))
     return ffi::Error::InvalidArgument(
-        "few_row_normed wants a [M, K], scale [K], w [N, K], y [M, N] (glu: [M, N / 2]), "
-        "K % 8 == 0");
+        "few_row_fused wants a [M, K], scale [K], w [N, K], residual and y [M, N] (glu: "
+        "[M, N / 2]), K % 8 == 0");
   const int64_t m = a_dims[0], n = w_dims[0], k = a_dims[1];
-  std::vector<float> normed(a_mk.typed_data(), a_mk.typed_data() + m * k);
-  if (norm) {
-    const float* scale = scale_k.typed_data();
-    for (int64_t r = 0; r < m; ++r) {
-      float* x = normed.data() + r * k;
+  std::vector<float> rows_mk(a_mk.typed_data(), a_mk.typed_data() + m * k);
+  for (int64_t r = 0; r < m && (norm || factor != 1.0f); ++r) {
+    float* x = rows_mk.data() + r * k;
+    float inv = 1.0f;
+    if (norm) {
       float sum = 0.0f;
       for (int64_t i = 0; i < k; ++i) sum += x[i] * x[i];
-      const float inv = 1.0f / std::sqrt(sum / static_cast<float>(k) + eps);
-      for (int64_t i = 0; i < k; ++i) x[i] = x[i] * inv * scale[i];
+      inv = 1.0f / std::sqrt(sum / static_cast<float>(k) + eps);
     }
+    const float* scale = scale_k.typed_data();
+    for (int64_t i = 0; i < k; ++i) x[i] = (norm ? x[i] * inv * scale[i] : x[i]) * factor;
   }
-  const float *a = normed.data(), *w = w_nk.typed_data();
+  const float *a = rows_mk.data(), *w = w_nk.typed_data(), *res = residual.typed_data();
   float* y = y_mn->typed_data();
   const int64_t n_out = glu ? n / 2 : n;
   t5like::ParallelFor(pool, (n_out + kRowsPerItem - 1) / kRowsPerItem, [=](int64_t item) {
@@ -118,39 +121,43 @@ ffi::Error FewRowNormedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a_mk,
     if (!glu) {
       for (int64_t m0 = 0; m0 < m; m0 += 8)
         kRows[std::min<int64_t>(8, m - m0)](w, a + m0 * k, y + m0 * n, n0, n1, n, k);
-      return;
+    } else {  // Gate rows [n0, n1) and up rows [n_out + n0, n_out + n1) into [m, 32] buffers.
+      thread_local std::vector<float> gate, up;
+      gate.resize(m * kRowsPerItem);
+      up.resize(m * kRowsPerItem);
+      for (int64_t m0 = 0; m0 < m; m0 += 8) {
+        const RowsFn rows = kRows[std::min<int64_t>(8, m - m0)];
+        rows(w, a + m0 * k, gate.data() + m0 * kRowsPerItem - n0, n0, n1, kRowsPerItem, k);
+        rows(w + n_out * k, a + m0 * k, up.data() + m0 * kRowsPerItem - n0, n0, n1,
+             kRowsPerItem, k);
+      }
+      for (int64_t r = 0; r < m; ++r)
+        SiluTimes(gate.data() + r * kRowsPerItem, up.data() + r * kRowsPerItem,
+                  y + r * n_out + n0, n1 - n0);
     }
-    // Gate rows [n0, n1) and up rows [n_out + n0, n_out + n1) into [m, 32] buffers, then y.
-    thread_local std::vector<float> gate, up;
-    gate.resize(m * kRowsPerItem);
-    up.resize(m * kRowsPerItem);
-    for (int64_t m0 = 0; m0 < m; m0 += 8) {
-      const RowsFn rows = kRows[std::min<int64_t>(8, m - m0)];
-      rows(w, a + m0 * k, gate.data() + m0 * kRowsPerItem - n0, n0, n1, kRowsPerItem, k);
-      rows(w + n_out * k, a + m0 * k, up.data() + m0 * kRowsPerItem - n0, n0, n1, kRowsPerItem,
-           k);
-    }
-    for (int64_t r = 0; r < m; ++r)
-      SiluTimes(gate.data() + r * kRowsPerItem, up.data() + r * kRowsPerItem,
-                y + r * n_out + n0, n1 - n0);
+    for (int64_t r = 0; add && r < m; ++r)
+      for (int64_t j = n0; j < n1; ++j) y[r * n_out + j] = res[r * n_out + j] + y[r * n_out + j];
   });
   return ffi::Error::Success();
 #else
-  return ffi::Error::InvalidArgument("few_row_normed is built for x86 only");
+  return ffi::Error::InvalidArgument("few_row_fused is built for x86 only");
 #endif
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(T5likeFewRowNormed, FewRowNormedImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(T5likeFewRowFused, FewRowFusedImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // a [M, K]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // RMSNorm scale [K]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // RMSNorm scale [K] (norm)
                                   .Arg<ffi::Buffer<ffi::F32>>()  // w [N, K]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // residual like y (add)
                                   .Attr<int32_t>("norm")
-                                  .Attr<int32_t>("glu")
                                   .Attr<float>("eps")
+                                  .Attr<float>("factor")
+                                  .Attr<int32_t>("glu")
+                                  .Attr<int32_t>("add")
                                   .Ret<ffi::Buffer<ffi::F32>>()  // y [M, N] or [M, N / 2]
 );
 

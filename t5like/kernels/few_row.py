@@ -31,14 +31,19 @@ def matmul(a_mk: jax.Array, w_nk: jax.Array) -> jax.Array:
   return jax.ffi.ffi_call(library.FEW_ROW_MATMUL, out, vmap_method="sequential")(a_mk, w_nk)
 
 
-def normed_matmul(a_mk: jax.Array, scale_k: jax.Array, w_nk: jax.Array, eps: float,
-                  glu: bool = False) -> jax.Array:
-  """``matmul`` of ``a``'s rows RMS-normed (``x / rms(x) * scale``, as ``norms.RMSNorm``); with
-  ``glu`` then ``silu(y[:, :N/2]) * y[:, N/2:]`` -> [M, N / 2] (the SwiGLU's gate | up). One call
-  for what is four to six small XLA operations around the product in a decode step. Check
+def fused_matmul(a_mk: jax.Array, w_nk: jax.Array, *, norm_scale: jax.Array | None = None,
+                 eps: float = 0.0, factor: float = 1.0, glu: bool = False,
+                 residual: jax.Array | None = None) -> jax.Array:
+  """``matmul`` with a decode step's neighbouring operations: ``a``'s rows RMS-normed first
+  (``x / rms(x) * norm_scale``, as ``norms.RMSNorm``) and times ``factor``; with ``glu`` the
+  result's halves gated, ``silu(y[:, :N/2]) * y[:, N/2:]`` -> [M, N / 2] (SwiGLU's gate | up);
+  plus ``residual``. One call for up to six small XLA operations around the product. Check
   ``applies`` first."""
-  n = w_nk.shape[0] // 2 if glu else w_nk.shape[0]
-  out = jax.ShapeDtypeStruct((a_mk.shape[0], n), jnp.float32)
-  return jax.ffi.ffi_call(library.FEW_ROW_NORMED, out, vmap_method="sequential")(
-      a_mk, scale_k.astype(jnp.float32), w_nk, norm=np.int32(1), glu=np.int32(glu),
-      eps=np.float32(eps))
+  m, n = a_mk.shape[0], w_nk.shape[0] // 2 if glu else w_nk.shape[0]
+  none = jnp.zeros((0,), jnp.float32)
+  out = jax.ShapeDtypeStruct((m, n), jnp.float32)
+  return jax.ffi.ffi_call(library.FEW_ROW_FUSED, out, vmap_method="sequential")(
+      a_mk, none if norm_scale is None else norm_scale.astype(jnp.float32), w_nk,
+      none if residual is None else residual.astype(jnp.float32),
+      norm=np.int32(norm_scale is not None), eps=np.float32(eps), factor=np.float32(factor),
+      glu=np.int32(glu), add=np.int32(residual is not None))

@@ -17,7 +17,7 @@ import jax
 
 ENV_SWITCH = "T5LIKE_CPU_KERNELS"
 FEW_ROW_MATMUL = "t5like_few_row_matmul"
-FEW_ROW_NORMED = "t5like_few_row_normed"
+FEW_ROW_FUSED = "t5like_few_row_fused"
 CACHE_ATTENTION = "t5like_cache_attention"
 ARGMAX = "t5like_argmax"
 ATTENTION_STEP = "t5like_attention_step"
@@ -35,7 +35,7 @@ def _load() -> bool:
   if not lib.t5like_cpu_kernels_supported():  # The CPU lacks AVX2 / FMA.
     return False
   for name, symbol in ((FEW_ROW_MATMUL, lib.T5likeFewRowMatmul),
-                       (FEW_ROW_NORMED, lib.T5likeFewRowNormed),
+                       (FEW_ROW_FUSED, lib.T5likeFewRowFused),
                        (CACHE_ATTENTION, lib.T5likeCacheAttention),
                        (ARGMAX, lib.T5likeArgmax),
                        (ATTENTION_STEP, lib.T5likeAttentionStep)):

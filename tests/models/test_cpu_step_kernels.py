@@ -1,5 +1,6 @@
-"""The decode step's fused CPU kernels (t5like/kernels/): greedy argmax, RMSNorm -> product
-(-> SwiGLU gating), and a self-attention step (norms, RoPE, cache writes, attention) in one call.
+"""The decode step's fused CPU kernels (t5like/kernels/): greedy argmax, few-row products with
+their neighbours (RMSNorm, a factor, SwiGLU gating, a residual add), and a self-attention step
+(norms, RoPE, cache writes, attention) in one call.
 
 Each against float64 (or jnp.argmax's exact result) on any CPU; the decode step of both families
 must call them where they apply (the cached-logits tests then check its values end to end).
@@ -65,20 +66,26 @@ def _rms_norm64(x, scale, eps):
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 64, 8), (8, 2816, 512), (9, 66, 136), (3, 1000, 64)])
-def test_normed_few_row_kernel_is_norm_then_product_then_gating(kernels, m, n, k):
+def test_fused_few_row_kernel_is_norm_factor_product_gating_residual(kernels, m, n, k):
   rng = np.random.default_rng(m + n + k)
   x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 30, (m, 1))).astype(np.float32)
   scale = rng.uniform(0.5, 1.5, k).astype(np.float32)
   w = (rng.standard_normal((n, k)) * rng.uniform(0.1, 4, (n, 1))).astype(np.float32)
   h = _rms_norm64(x, scale, 1e-6)
-  y = np.asarray(jax.jit(few_row.normed_matmul, static_argnums=(3, 4))(x, scale, w, 1e-6))
+  fused = jax.jit(lambda x, scale, w, glu: few_row.fused_matmul(x, w, norm_scale=scale, eps=1e-6,
+                                                                glu=glu), static_argnums=3)
+  y = np.asarray(fused(x, scale, w, False))
   ref, bound = h @ np.asarray(w, np.float64).T, np.abs(h) @ np.abs(w.astype(np.float64)).T
   # The product's float32 bound plus the norm's own rounding (a few ulps of each input).
   assert np.all(np.abs(y - ref) <= (2 * k + 8) * EPS32 * bound + 1e-30)
+  residual = rng.standard_normal((m, n)).astype(np.float32) * 50
+  plus = np.asarray(jax.jit(lambda x, s, w, r: few_row.fused_matmul(
+      x, w, norm_scale=s, eps=1e-6, factor=0.125, residual=r))(x, scale, w, residual))
+  assert np.all(np.abs(plus - (residual + 0.125 * ref)) <=
+                (2 * k + 8) * EPS32 * 0.125 * bound + EPS32 * np.abs(residual) + 1e-30)
   if n % 2:
     return
-  gated = np.asarray(jax.jit(few_row.normed_matmul, static_argnums=(3, 4))(x, scale, w, 1e-6,
-                                                                            True))
+  gated = np.asarray(fused(x, scale, w, True))
   g, u = ref[:, :n // 2], ref[:, n // 2:]
   want = g / (1 + np.exp(-g)) * u
   assert gated.shape == (m, n // 2)
@@ -141,8 +148,10 @@ def test_attention_step_kernel_equals_its_composition(kernels, norm, rope, h, g,
 
 @pytest.mark.parametrize("family", ["decllm", "redllm"])
 def test_decode_step_runs_on_the_fused_kernels(kernels, family):
-  """In the CPU layout every layer's self-attention is one norm-and-product call plus one
-  attention-step call, and its MLP one norm-product-gating call."""
+  """In the CPU layout every layer is four fused few-row calls (norm and q | k | v; output
+  product and residual; norm, gate | up and gating; down and residual) and one attention step
+  (RedLLM: and its cross-attention's query and output products), and the logits one more
+  fused call (final norm, factor, table)."""
   layers = 3
   model = tiny_model(family, seed=0, **{"num_layers" if family == "decllm" else
                                         "num_decoder_layers": layers})
@@ -161,4 +170,6 @@ def test_decode_step_runs_on_the_fused_kernels(kernels, family):
   text = compiled.as_text()  # Compiled: every call inlined, each named once.
   steps_run = 1 if family == "decllm" else 2  # RedLLM's prefill runs the BOS step too.
   assert text.count(library.ATTENTION_STEP) == steps_run * layers
-  assert text.count(library.FEW_ROW_NORMED) == steps_run * 2 * layers
+  per_layer = 4 if family == "decllm" else 5  # RedLLM: cross-attention's output and residual,
+  assert text.count(library.FEW_ROW_FUSED) == steps_run * (per_layer * layers + 1)
+  assert text.count(library.FEW_ROW_MATMUL) == (family == "redllm") * steps_run * layers  # query.

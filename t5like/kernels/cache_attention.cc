@@ -190,7 +190,8 @@ ffi::Error AttentionStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv_bn,
                              ffi::Buffer<ffi::S32> slot_buf, ffi::Buffer<ffi::PRED> valid_bs,
                              int32_t norm, int32_t rope, float eps,
                              ffi::ResultBuffer<ffi::F32> out_bgrd,
-                             ffi::ResultBuffer<ffi::F32> k_bgsd, ffi::ResultBuffer<ffi::F32> v_bgsd) {
+                             ffi::ResultBuffer<ffi::F32> k_bgsd,
+                             ffi::ResultBuffer<ffi::F32> v_bgsd) {
 #ifdef T5LIKE_X86
   if (!t5like::CpuSupported()) return ffi::Error::InvalidArgument("needs AVX2 and FMA");
   const auto kd = k_in.dimensions(), yd = qkv_bn.dimensions(), od = out_bgrd->dimensions();

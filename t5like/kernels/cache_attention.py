@@ -54,7 +54,8 @@ def attend_step(qkv_bn: jax.Array, scales_3d: jax.Array | None, eps: float,
   ``step_applies`` first."""
   b, g, _, d = k_bgsd.shape
   h = qkv_bn.shape[1] // d - 2 * g
-  f32 = lambda x, shape: jnp.zeros(shape, jnp.float32) if x is None else x.astype(jnp.float32)  # noqa: E731
+  def f32(x, shape):  # An absent operand: zeros the kernel does not read.
+    return jnp.zeros(shape, jnp.float32) if x is None else x.astype(jnp.float32)
   shapes = (jax.ShapeDtypeStruct((b, g, h // g, d), jnp.float32),
             jax.ShapeDtypeStruct(k_bgsd.shape, jnp.float32),
             jax.ShapeDtypeStruct(v_bgsd.shape, jnp.float32))

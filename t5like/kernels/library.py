@@ -1,5 +1,5 @@
-"""The CPU kernels' shared library (``few_row.cc``, ``cache_attention.cc``, ``argmax.cc``): found, loaded and
-registered with XLA once; whether the decode step may use it.
+"""The CPU kernels' shared library (``few_row.cc``, ``cache_attention.cc``, ``argmax.cc``):
+found, loaded and registered with XLA once; whether the decode step may use it.
 
 No library offers these kernels for XLA:CPU, hence C++ (docs/performance.md). The library is an
 optional extension built at install time (setup.py: a C++ compiler; x86 with AVX2 + FMA to run

@@ -20,7 +20,7 @@ import pytest
 
 from numerics import FLOAT32_REORDER_REL, assert_close_to_scale
 from t5like.inference import cache as cache_lib
-from t5like.kernels import cache_attention, few_row, library
+from t5like.kernels import few_row, library
 from t5like.models import layers
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -45,12 +45,6 @@ def _assert_within_dot_bound(y, a, w):
 def _custom_calls(fn, *args) -> int:
   text = jax.jit(fn).lower(*args).as_text()
   return text.count(library.FEW_ROW_MATMUL) + text.count(library.CACHE_ATTENTION)
-
-
-@pytest.fixture
-def kernels():
-  if not library.built():
-    pytest.skip("the CPU kernels are not built here (test_the_kernels_are_built_where_they_can_be)")
 
 
 def _installed() -> bool:

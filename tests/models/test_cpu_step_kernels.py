@@ -25,12 +25,6 @@ from t5like.models.rotary import rotary_table
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-@pytest.fixture
-def kernels():
-  if not library.built():
-    pytest.skip("the CPU kernels are not built here (test_the_kernels_are_built_where_they_can_be)")
-
-
 def _calls(fn, *args, name: str) -> int:
   return jax.jit(fn).lower(*args).as_text().count(name)
 

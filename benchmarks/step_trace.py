@@ -1,0 +1,155 @@
+#!/usr/bin/env python
+"""Where a whole train step's time goes on XLA:CPU, from a ``jax.profiler`` trace of the step.
+
+  python benchmarks/step_trace.py [--config small_decllm_unrolled] [--dtype float32]
+                                  [--steps 2] [--top 25] [--trace_dir DIR]
+
+``step_breakdown.py`` times each piece of the model jitted on its own; this traces the real,
+fused step (XLA:CPU's per-kernel trace events, ``--xla_cpu_enable_xprof_traceme``) and prints:
+
+- the step's wall time split by what runs: a matmul kernel (a YNN fusion with a dot, or a dot
+  thunk), only other kernels (elementwise / reduction fusions, copies), or no traced kernel at
+  all. The last is not always idle: a dot thunk that XLA runs on Eigen (e.g. a weight gradient
+  contracted on its operands' first axis) is traced only while it is dispatched, its work on
+  the pool's threads is not;
+- thread-milliseconds of kernels per step (the machine has two threads of them per second on
+  a two-core host), matmuls against the rest;
+- the costliest non-matmul kernels grouped by the JAX operation that made them (the HLO's
+  ``op_name``) and their output shape.
+
+The trace slows the step (~10-20 %); shares, not absolute times, are what it is for. The trace
+directory (``--trace_dir``) opens in TensorBoard's profile plugin or Perfetto.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import re
+import sys
+import tempfile
+
+_FLAG = "--xla_cpu_enable_xprof_traceme=true"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # Before jax is imported: XLA reads it once.
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+from jax.profiler import ProfileData  # noqa: E402
+
+from t5like import partitioning  # noqa: E402
+from t5like.training import state as state_lib  # noqa: E402
+from t5like.training import step as step_lib  # noqa: E402
+from t5like.training.data import SyntheticData, global_batch  # noqa: E402
+from train_throughput import CONFIGS  # noqa: E402
+
+# Trace events that are not kernels: the executor, the pool's markers, waits.
+_NOT_KERNELS = ("end:", "ThreadpoolListener", "SlinkyThreadPool", "Wait ", "ThunkExecutor", "$")
+
+
+def hlo_kernels(hlo: str) -> dict[str, tuple[str, bool]]:
+  """Instruction name -> (``op_name shape``, is a matmul) from a compiled module's text."""
+  computations = dict(re.findall(r"\n(%[\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo, re.S))
+  out = {}
+  for name, dtype, shape, rest in re.findall(r"%([\w.\-]+) = (\w+)\[([\d,]*)\][^ ]* ([^\n]*)",
+                                             hlo):
+    op = re.search(r'op_name="(?:jit\([^)]*\)/)?([^"]*)"', rest)
+    calls = re.search(r"calls=(%[\w.\-]+)", rest)
+    is_dot = rest.startswith("dot(") or bool(
+        calls and name.startswith("ynn_fusion") and " dot(" in computations.get(calls[1], ""))
+    out[name] = (f"{op[1] if op else '?'} {dtype}[{shape}]", is_dot)
+  return out
+
+
+def kernel_events(trace_dir: str) -> list[tuple[int, int, str, str]]:
+  """(start ns, end ns, thread, kernel name) of every XLA:CPU kernel in the trace."""
+  path = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0]
+  events = []
+  for plane in ProfileData.from_file(path).planes:
+    for line in plane.lines:
+      if "XLAEigen" not in line.name and "PjRtCpuClient" not in line.name:
+        continue
+      for ev in line.events:
+        if not ev.name.startswith(_NOT_KERNELS):
+          events.append((ev.start_ns, ev.start_ns + ev.duration_ns, line.name, ev.name))
+  return events
+
+
+def wall_split(events, kernels) -> collections.Counter:
+  """Nanoseconds of the traced span during which a matmul runs, only other kernels run, or
+  none does."""
+  points = sorted([(s, 1, kernels.get(n, ("", False))[1]) for s, _, _, n in events]
+                  + [(e, -1, kernels.get(n, ("", False))[1]) for _, e, _, n in events])
+  running = collections.Counter()
+  split = collections.Counter()
+  prev = points[0][0]
+  for t, delta, is_dot in points:
+    state = "matmul" if running[True] else ("other kernels only" if running[False] else
+                                             "no traced kernel")
+    split[state] += t - prev
+    prev = t
+    running[is_dot] += delta
+  return split
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--config", default="small_decllm_unrolled", choices=sorted(CONFIGS))
+  ap.add_argument("--dtype", default="float32")
+  ap.add_argument("--steps", type=int, default=2, help="traced steps (after two warm-up steps)")
+  ap.add_argument("--top", type=int, default=25, help="non-matmul kernel groups listed")
+  ap.add_argument("--trace_dir", default="", help="keep the trace here (default: a temp dir)")
+  args = ap.parse_args()
+  if jax.default_backend() != "cpu":
+    raise SystemExit("step_trace.py reads XLA:CPU's kernel events; use the accelerator's "
+                     "profiler (jax.profiler + TensorBoard) elsewhere")
+  cfg = CONFIGS[args.config]()
+  cfg.model.dtype = args.dtype
+  cfg.validate()
+  mesh = partitioning.make_mesh(cfg.mesh)
+  setup = state_lib.build_setup(cfg, mesh)
+  state = state_lib.init_state(setup)
+  batch = global_batch(next(SyntheticData(cfg).train(cfg.train.batch_size, 0, 1)),
+                       setup.batch_sharding, cfg.train.batch_size)
+  with jax.set_mesh(mesh), partitioning.axis_rules():
+    step = step_lib.make_train_step(setup).lower(state, batch).compile()
+  kernels = hlo_kernels(step.as_text())
+  for _ in range(2):
+    state, _ = step(state, batch)
+  jax.block_until_ready(state)
+  trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="t5like_trace_")
+  with jax.profiler.trace(trace_dir):
+    for _ in range(args.steps):
+      state, _ = step(state, batch)
+      jax.block_until_ready(state)
+  events = kernel_events(trace_dir)
+  n = args.steps
+  split = wall_split(events, kernels)
+  span = sum(split.values())
+  print(f"{args.config} ({args.dtype}), {n} traced steps, {span / n / 1e6:.0f} ms a step "
+        f"traced; trace in {trace_dir}\n")
+  print("| while | ms per step | share |\n|---|---|---|")
+  for state_name in ("matmul", "other kernels only", "no traced kernel"):
+    print(f"| {state_name} | {split[state_name] / n / 1e6:.0f} | "
+          f"{split[state_name] / span:.0%} |")
+  thread_ms = collections.Counter()
+  groups, counts = collections.Counter(), collections.Counter()
+  for s, e, _, name in events:
+    label, is_dot = kernels.get(name, (name, False))
+    thread_ms["matmul" if is_dot else "other"] += (e - s) / n / 1e6
+    if not is_dot:
+      groups[label] += (e - s) / n / 1e6
+      counts[label] += 1
+  print(f"\nkernel thread-ms per step: matmuls {thread_ms['matmul']:.0f}, other "
+        f"{thread_ms['other']:.0f}\n")
+  print("| JAX operation and output | kernels per step | thread-ms per step |\n|---|---|---|")
+  for label, ms in groups.most_common(args.top):
+    print(f"| {label} | {counts[label] // n} | {ms:.1f} |")
+
+
+if __name__ == "__main__":
+  main()

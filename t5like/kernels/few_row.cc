@@ -44,27 +44,6 @@ constexpr RowsFn kRows[] = {nullptr, Rows<1>, Rows<2>, Rows<3>, Rows<4>,
                             Rows<5>, Rows<6>, Rows<7>, Rows<8>};
 #endif
 
-ffi::Error FewRowMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a_mk,
-                            ffi::Buffer<ffi::F32> w_nk, ffi::ResultBuffer<ffi::F32> y_mn) {
-#ifdef T5LIKE_X86
-  if (!t5like::CpuSupported()) return ffi::Error::InvalidArgument("needs AVX2 and FMA");
-  const auto a_dims = a_mk.dimensions(), w_dims = w_nk.dimensions();
-  if (a_dims.size() != 2 || w_dims.size() != 2 || a_dims[1] != w_dims[1] || a_dims[1] % 8 != 0)
-    return ffi::Error::InvalidArgument("few_row_matmul wants a [M, K], w [N, K], K % 8 == 0");
-  const float *a = a_mk.typed_data(), *w = w_nk.typed_data();
-  float* y = y_mn->typed_data();
-  const int64_t m = a_dims[0], n = w_dims[0], k = a_dims[1];
-  t5like::ParallelFor(pool, (n + kRowsPerItem - 1) / kRowsPerItem, [=](int64_t item) {
-    const int64_t n0 = item * kRowsPerItem, n1 = std::min(n, n0 + kRowsPerItem);
-    for (int64_t m0 = 0; m0 < m; m0 += 8)  // Blocks of 8 rows; each block streams w once.
-      kRows[std::min<int64_t>(8, m - m0)](w, a + m0 * k, y + m0 * n, n0, n1, n, k);
-  });
-  return ffi::Error::Success();
-#else
-  return ffi::Error::InvalidArgument("few_row_matmul is built for x86 only");
-#endif
-}
-
 #ifdef T5LIKE_X86
 // silu(g) * u = g * sigmoid(g) * u over n floats; sigmoid from exp(-|g|) (never overflows).
 __attribute__((target("avx2,fma"))) void SiluTimes(const float* g, const float* u, float* out,
@@ -82,8 +61,8 @@ __attribute__((target("avx2,fma"))) void SiluTimes(const float* g, const float* 
 }
 #endif
 
-// few_row_matmul with a decode step's neighbouring operations, each optional: the rows of a
-// RMS-normed (``x / rms(x) * scale``, ``norm``) and times ``factor``; then with ``glu``
+// The few-row product with a decode step's neighbouring operations, each optional (none: the
+// plain product after a copy of a's few rows): the rows of a RMS-normed (``x / rms(x) * scale``, ``norm``) and times ``factor``; then with ``glu``
 // silu(first half of y) * (second half) [M, N / 2]; then plus ``residual`` (``add``). One call
 // instead of up to six small XLA operations around the product.
 ffi::Error FewRowFusedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a_mk,
@@ -159,14 +138,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(T5likeFewRowFused, FewRowFusedImpl,
                                   .Attr<int32_t>("glu")
                                   .Attr<int32_t>("add")
                                   .Ret<ffi::Buffer<ffi::F32>>()  // y [M, N] or [M, N / 2]
-);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(T5likeFewRowMatmul, FewRowMatmulImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // a [M, K]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // w [N, K]
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // y [M, N]
 );
 
 extern "C" int t5like_cpu_kernels_supported() { return t5like::CpuSupported() ? 1 : 0; }

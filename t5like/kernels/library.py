@@ -16,7 +16,6 @@ import os
 import jax
 
 ENV_SWITCH = "T5LIKE_CPU_KERNELS"
-FEW_ROW_MATMUL = "t5like_few_row_matmul"
 FEW_ROW_FUSED = "t5like_few_row_fused"
 CACHE_ATTENTION = "t5like_cache_attention"
 ARGMAX = "t5like_argmax"
@@ -34,8 +33,7 @@ def _load() -> bool:
     return False
   if not lib.t5like_cpu_kernels_supported():  # The CPU lacks AVX2 / FMA.
     return False
-  for name, symbol in ((FEW_ROW_MATMUL, lib.T5likeFewRowMatmul),
-                       (FEW_ROW_FUSED, lib.T5likeFewRowFused),
+  for name, symbol in ((FEW_ROW_FUSED, lib.T5likeFewRowFused),
                        (CACHE_ATTENTION, lib.T5likeCacheAttention),
                        (ARGMAX, lib.T5likeArgmax),
                        (ATTENTION_STEP, lib.T5likeAttentionStep)):

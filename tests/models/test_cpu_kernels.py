@@ -44,7 +44,7 @@ def _assert_within_dot_bound(y, a, w):
 
 def _custom_calls(fn, *args) -> int:
   text = jax.jit(fn).lower(*args).as_text()
-  return text.count(library.FEW_ROW_MATMUL) + text.count(library.CACHE_ATTENTION)
+  return text.count(library.FEW_ROW_FUSED) + text.count(library.CACHE_ATTENTION)
 
 
 def _installed() -> bool:

@@ -15,7 +15,8 @@ fused step (XLA:CPU's per-kernel trace events, ``--xla_cpu_enable_xprof_traceme`
 - thread-milliseconds of kernels per step (the machine has two threads of them per second on
   a two-core host), matmuls against the rest;
 - the costliest non-matmul kernels grouped by the JAX operation that made them (the HLO's
-  ``op_name``) and their output shape.
+  ``op_name``) and their output shape: thread-ms, and their wall time while no matmul runs
+  (what the step would lose without them; the rest of their time overlaps a matmul).
 
 The trace slows the step (~10-20 %); shares, not absolute times, are what it is for. The trace
 directory (``--trace_dir``) opens in TensorBoard's profile plugin or Perfetto.
@@ -78,21 +79,28 @@ def kernel_events(trace_dir: str) -> list[tuple[int, int, str, str]]:
   return events
 
 
-def wall_split(events, kernels) -> collections.Counter:
+def wall_split(events, kernels) -> tuple[collections.Counter, collections.Counter]:
   """Nanoseconds of the traced span during which a matmul runs, only other kernels run, or
-  none does."""
-  points = sorted([(s, 1, kernels.get(n, ("", False))[1]) for s, _, _, n in events]
-                  + [(e, -1, kernels.get(n, ("", False))[1]) for _, e, _, n in events])
-  running = collections.Counter()
-  split = collections.Counter()
+  none does; and per kernel name, its share of the "only other kernels" time (split evenly
+  between the kernels running together): what the step would lose without it."""
+  is_dot = [kernels.get(name, ("", False))[1] for *_, name in events]
+  points = sorted([(s, 1, i) for i, (s, *_) in enumerate(events)]
+                  + [(e, -1, i) for i, (_, e, *_) in enumerate(events)])
+  running: set[int] = set()
+  split, exposed = collections.Counter(), collections.Counter()
   prev = points[0][0]
-  for t, delta, is_dot in points:
-    state = "matmul" if running[True] else ("other kernels only" if running[False] else
-                                             "no traced kernel")
-    split[state] += t - prev
+  for t, delta, i in points:
+    if any(is_dot[j] for j in running):
+      split["matmul"] += t - prev
+    elif running:
+      split["other kernels only"] += t - prev
+      for j in running:
+        exposed[events[j][3]] += (t - prev) / len(running)
+    else:
+      split["no traced kernel"] += t - prev
     prev = t
-    running[is_dot] += delta
-  return split
+    (running.add if delta > 0 else running.discard)(i)
+  return split, exposed
 
 
 def main() -> None:
@@ -128,7 +136,7 @@ def main() -> None:
       jax.block_until_ready(state)
   events = kernel_events(trace_dir)
   n = args.steps
-  split = wall_split(events, kernels)
+  split, exposed = wall_split(events, kernels)
   span = sum(split.values())
   print(f"{args.config} ({args.dtype}), {n} traced steps, {span / n / 1e6:.0f} ms a step "
         f"traced; trace in {trace_dir}\n")
@@ -137,19 +145,23 @@ def main() -> None:
     print(f"| {state_name} | {split[state_name] / n / 1e6:.0f} | "
           f"{split[state_name] / span:.0%} |")
   thread_ms = collections.Counter()
-  groups, counts = collections.Counter(), collections.Counter()
+  groups, counts, alone = collections.Counter(), collections.Counter(), collections.Counter()
   for s, e, _, name in events:
     label, is_dot = kernels.get(name, (name, False))
     thread_ms["matmul" if is_dot else "other"] += (e - s) / n / 1e6
     if not is_dot:
       groups[label] += (e - s) / n / 1e6
       counts[label] += 1
+  for name, ns in exposed.items():
+    alone[kernels.get(name, (name, False))[0]] += ns / n / 1e6
   print(f"\nkernel thread-ms per step: matmuls {thread_ms['matmul']:.0f}, other "
         f"{thread_ms['other']:.0f}\n")
-  print("| JAX operation and output | kernels per step | thread-ms per step |\n|---|---|---|")
-  for label, ms in groups.most_common(args.top):
-    print(f"| {label} | {counts[label] // n} | {ms:.1f} |")
-
+  print("Non-matmul kernels by the JAX operation that made them, costliest first by their wall "
+        "time while no matmul runs (their share of the step's \"other kernels only\" time):\n")
+  print("| JAX operation and output | kernels per step | thread-ms per step | "
+        "ms while no matmul runs |\n|---|---|---|---|")
+  for label, _ in sorted(groups.items(), key=lambda kv: -alone[kv[0]])[:args.top]:
+    print(f"| {label} | {counts[label] // n} | {groups[label]:.1f} | {alone[label]:.1f} |")
 
 if __name__ == "__main__":
   main()

@@ -135,6 +135,9 @@ def main() -> None:
       state, _ = step(state, batch)
       jax.block_until_ready(state)
   events = kernel_events(trace_dir)
+  if not events:
+    raise SystemExit(f"no XLA:CPU kernel events in {trace_dir}: XLA_FLAGS must hold {_FLAG} "
+                     "before jax starts (this script adds it unless XLA_FLAGS names it already)")
   n = args.steps
   split, exposed = wall_split(events, kernels)
   span = sum(split.values())
@@ -162,6 +165,7 @@ def main() -> None:
         "ms while no matmul runs |\n|---|---|---|---|")
   for label, _ in sorted(groups.items(), key=lambda kv: -alone[kv[0]])[:args.top]:
     print(f"| {label} | {counts[label] // n} | {groups[label]:.1f} | {alone[label]:.1f} |")
+
 
 if __name__ == "__main__":
   main()

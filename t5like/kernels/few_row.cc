@@ -62,9 +62,10 @@ __attribute__((target("avx2,fma"))) void SiluTimes(const float* g, const float* 
 #endif
 
 // The few-row product with a decode step's neighbouring operations, each optional (none: the
-// plain product after a copy of a's few rows): the rows of a RMS-normed (``x / rms(x) * scale``, ``norm``) and times ``factor``; then with ``glu``
-// silu(first half of y) * (second half) [M, N / 2]; then plus ``residual`` (``add``). One call
-// instead of up to six small XLA operations around the product.
+// plain product after a copy of a's few rows): the rows of a RMS-normed (``x / rms(x) * scale``,
+// ``norm``) and times ``factor``; then with ``glu`` silu(first half of y) * (second half)
+// [M, N / 2]; then plus ``residual`` (``add``). One call instead of up to six small XLA
+// operations around the product.
 ffi::Error FewRowFusedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a_mk,
                            ffi::Buffer<ffi::F32> scale_k, ffi::Buffer<ffi::F32> w_nk,
                            ffi::Buffer<ffi::F32> residual, int32_t norm, float eps, float factor,

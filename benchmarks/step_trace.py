@@ -110,8 +110,13 @@ def main() -> None:
   ap.add_argument("--dtype", default="float32")
   ap.add_argument("--steps", type=int, default=2, help="traced steps (after two warm-up steps)")
   ap.add_argument("--top", type=int, default=25, help="non-matmul kernel groups listed")
-  ap.add_argument("--trace_dir", default="", help="keep the trace here (default: a temp dir)")
+  ap.add_argument("--trace_dir", default="",
+                  help="keep the trace in this local directory (default: a temp dir); the "
+                       "trace is read back with a local glob, so not a gs:// URI")
   args = ap.parse_args()
+  if "://" in args.trace_dir:
+    raise SystemExit(f"--trace_dir must be a local directory, not {args.trace_dir}: the trace "
+                     "is read back from disk right after the run")
   if jax.default_backend() != "cpu":
     raise SystemExit("step_trace.py reads XLA:CPU's kernel events; use the accelerator's "
                      "profiler (jax.profiler + TensorBoard) elsewhere")

@@ -1,6 +1,8 @@
 """RMSNorm (T5X's "LayerNorm": no mean subtraction, learned scale), used pre-norm everywhere."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -21,8 +23,41 @@ class RMSNorm(nnx.Module):
     self.scale = param(rngs, nnx.initializers.ones, shape, axes, param_dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    n = self.scale.ndim
-    red = tuple(range(x.ndim - n, x.ndim))
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=red, keepdims=True) + self.eps)
-    return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+    scale = self.scale[...]
+    y = rms_norm(x.astype(jnp.float32), scale.astype(jnp.float32), scale.ndim, self.eps)
+    return y.astype(x.dtype)
+
+
+# A hand-written VJP: autodiff of the formula spends ~6 % of a small f32 train step on XLA:CPU
+# broadcasting `scale` and `rsqrt` to full size for each of its reductions
+# (docs/performance.md); this one needs one reduction for `x` and one for `scale`.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def rms_norm(x: jax.Array, scale: jax.Array, n: int, eps: float) -> jax.Array:
+  """``x * rsqrt(mean(x^2) + eps) * scale`` over the trailing ``n`` axes (float32 in, out)."""
+  return _normalise(x, n, eps)[0] * scale
+
+
+def _normalise(x, n, eps):
+  """(x * r, r) with r = rsqrt(mean(x^2) + eps) over the trailing n axes, keepdims."""
+  r = jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=tuple(range(x.ndim - n, x.ndim)),
+                             keepdims=True) + eps)
+  return x * r, r
+
+
+def _rms_norm_fwd(x, scale, n, eps):
+  xr, r = _normalise(x, n, eps)
+  return xr * scale, (x, scale, r)
+
+
+def _rms_norm_bwd(n, eps, residuals, dy):
+  # y = x r s, r = (mean(x^2) + eps)^-1/2  =>  dx = r (g - x r^2 mean(g x)) with g = dy s,
+  # ds = sum over the leading axes of dy x r.
+  x, scale, r = residuals
+  xr = x * r
+  g = dy * scale
+  dx = r * (g - xr * jnp.mean(g * xr, axis=tuple(range(x.ndim - n, x.ndim)), keepdims=True))
+  dscale = jnp.sum(dy * xr, axis=tuple(range(x.ndim - n)))
+  return dx, dscale
+
+
+rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)

@@ -13,7 +13,7 @@ from flax import nnx
 
 from helpers import tiny_model, tokens
 from numerics import assert_close_to_scale, assert_trees_close_to_scale
-from t5like.models import attention, decllm, masks, redllm
+from t5like.models import attention, decllm, masks, norms, redllm
 from t5like.models.attention import NEG_INF, attention_weights
 from t5like.models.layers import matmul_2d, on_cpu, project, transpose_kernel
 from t5like.models.losses import cross_entropy_with_z_loss
@@ -277,3 +277,51 @@ def test_causal_blocks_in_the_model_equal_one_block(family, monkeypatch):
     key_lengths.clear()
     _loss_and_grads(family, "prefix", batch)
     assert set(key_lengths) == {12}, key_lengths
+
+
+def _autodiff_rms_norm(x, scale, n, eps):
+  """The formula the hand-written VJP replaced, differentiated by JAX."""
+  red = tuple(range(x.ndim - n, x.ndim))
+  return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=red, keepdims=True) + eps) * scale
+
+
+@pytest.mark.parametrize("shape,n", [((3, 5, 16), 1), ((3, 5, 4, 8), 1), ((3, 5, 4, 8), 2)])
+def test_rms_norm_vjp_equals_autodiff_in_float64(shape, n):
+  """Forward and both gradients equal autodiff's to float64 rounding, for a norm over the last
+  axis (d, or head_dim per head) and over the last two (all heads together)."""
+  rng = np.random.default_rng(0)
+  with jax.enable_x64(True):
+    x = jnp.asarray(rng.normal(size=shape) * 3.0)
+    scale = jnp.asarray(rng.normal(size=shape[-n:]))
+    dy = jnp.asarray(rng.normal(size=shape))
+    eps = 1e-6
+    out, vjp = jax.vjp(lambda a, s: norms.rms_norm(a, s, n, eps), x, scale)
+    want, want_vjp = jax.vjp(lambda a, s: _autodiff_rms_norm(a, s, n, eps), x, scale)
+    assert out.dtype == jnp.float64
+    np.testing.assert_allclose(out, want, rtol=1e-13, atol=1e-13)
+    for got, ref in zip(vjp(dy), want_vjp(dy)):
+      assert got.shape == ref.shape and got.dtype == jnp.float64
+      np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("dtype,rel", DTYPES)
+def test_rms_norm_module_gradients_equal_autodiff(dtype, rel):
+  """The module (float32 inside, the input's dtype out) against autodiff of the same formula:
+  equal forward, gradients of x and of the scale to reordering tolerance."""
+  norm = norms.RMSNorm((8,), ("kv",), eps=1e-6, param_dtype="float32", rngs=nnx.Rngs(0))
+  norm.scale[...] = jnp.linspace(0.5, 1.5, 8)
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 6, 4, 8)), dtype)
+  cot = jnp.asarray(np.random.default_rng(2).normal(size=(2, 6, 4, 8)), dtype)
+
+  def loss(f, scale, x):
+    return jnp.sum(f(x.astype(jnp.float32), scale).astype(dtype).astype(jnp.float32) * cot)
+  new = lambda x, s: norms.rms_norm(x, s, 1, 1e-6)  # noqa: E731
+  old = lambda x, s: _autodiff_rms_norm(x, s, 1, 1e-6)  # noqa: E731
+  np.testing.assert_array_equal(np.asarray(norm(x), np.float32),
+                                np.asarray(old(x.astype(jnp.float32), norm.scale[...])
+                                           .astype(dtype), np.float32))
+  got = jax.grad(loss, argnums=(1, 2))(new, norm.scale[...], x)
+  want = jax.grad(loss, argnums=(1, 2))(old, norm.scale[...], x)
+  for g, w in zip(got, want):
+    assert g.dtype == w.dtype
+    assert_close_to_scale(np.asarray(g, np.float32), np.asarray(w, np.float32), rel)

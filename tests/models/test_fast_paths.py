@@ -1,8 +1,9 @@
 """The rewritten hot paths equal the forms they replaced (benchmarks/step_breakdown.py says why
 they were rewritten): 2-D projections vs the einsums, the additive mask bias vs masking scores and
 probabilities, the float32 logits matmul vs the plain dot, the RoPE table made once per forward vs
-sin/cos in every layer, causal query blocks vs the whole softmax — forward and gradients, float32 to reordering tolerance, bfloat16 within
-2e-2 of the float32 result's scale."""
+sin/cos in every layer, causal query blocks vs the whole softmax, the RMSNorm VJP vs autodiff —
+forward and gradients, float32 to reordering tolerance, bfloat16 within 2e-2 of the float32
+result's scale."""
 from __future__ import annotations
 
 import jax

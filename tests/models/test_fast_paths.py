@@ -307,22 +307,30 @@ def test_rms_norm_vjp_equals_autodiff_in_float64(shape, n):
 
 @pytest.mark.parametrize("dtype,rel", DTYPES)
 def test_rms_norm_module_gradients_equal_autodiff(dtype, rel):
-  """The module (float32 inside, the input's dtype out) against autodiff of the same formula:
-  equal forward, gradients of x and of the scale to reordering tolerance."""
+  """The module (float32 inside, the input's dtype out), differentiated through its parameter
+  and its input, against autodiff of the formula it used to compute: forward and the gradients
+  of x and of the scale to reordering tolerance."""
   norm = norms.RMSNorm((8,), ("kv",), eps=1e-6, param_dtype="float32", rngs=nnx.Rngs(0))
   norm.scale[...] = jnp.linspace(0.5, 1.5, 8)
+  graphdef, params = nnx.split(norm)
   x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 6, 4, 8)), dtype)
-  cot = jnp.asarray(np.random.default_rng(2).normal(size=(2, 6, 4, 8)), dtype)
+  cot = jnp.asarray(np.random.default_rng(2).normal(size=(2, 6, 4, 8)), jnp.float32)
 
-  def loss(f, scale, x):
-    return jnp.sum(f(x.astype(jnp.float32), scale).astype(dtype).astype(jnp.float32) * cot)
-  new = lambda x, s: norms.rms_norm(x, s, 1, 1e-6)  # noqa: E731
-  old = lambda x, s: _autodiff_rms_norm(x, s, 1, 1e-6)  # noqa: E731
-  np.testing.assert_array_equal(np.asarray(norm(x), np.float32),
-                                np.asarray(old(x.astype(jnp.float32), norm.scale[...])
-                                           .astype(dtype), np.float32))
-  got = jax.grad(loss, argnums=(1, 2))(new, norm.scale[...], x)
-  want = jax.grad(loss, argnums=(1, 2))(old, norm.scale[...], x)
-  for g, w in zip(got, want):
-    assert g.dtype == w.dtype
-    assert_close_to_scale(np.asarray(g, np.float32), np.asarray(w, np.float32), rel)
+  def module_loss(params, x):
+    return jnp.sum(nnx.merge(graphdef, params)(x).astype(jnp.float32) * cot)
+
+  def formula(scale, x):
+    return _autodiff_rms_norm(x.astype(jnp.float32), scale, 1, 1e-6).astype(dtype)
+
+  def formula_loss(scale, x):
+    return jnp.sum(formula(scale, x).astype(jnp.float32) * cot)
+  scale = norm.scale[...]
+  y = nnx.merge(graphdef, params)(x)
+  assert y.dtype == x.dtype
+  assert_close_to_scale(np.asarray(y, np.float32), np.asarray(formula(scale, x), np.float32), rel)
+  g_params, g_x = jax.grad(module_loss, argnums=(0, 1))(params, x)
+  want_scale, want_x = jax.grad(formula_loss, argnums=(0, 1))(scale, x)
+  (g_scale,) = jax.tree.leaves(g_params)
+  assert g_x.dtype == want_x.dtype == x.dtype
+  assert_close_to_scale(np.asarray(g_x, np.float32), np.asarray(want_x, np.float32), rel)
+  assert_close_to_scale(np.asarray(g_scale, np.float32), np.asarray(want_scale, np.float32), rel)

@@ -2,11 +2,11 @@
 
 optax writes ``v ** -0.5``, which XLA keeps as a ``power`` op; on XLA:CPU that is a scalar
 ``powf`` per element, 15x slower than ``rsqrt`` (a fused update of a million elements: 5.6
-against 0.37 ms on a 2-core AMD EPYC), and every unfactored array pays it each step. The small configs' attention
-kernels (head_dim 64 < ``min_dim_size_to_factor``) are all unfactored: 45 -> 14 thread-ms a
-step with ``rsqrt`` (small DecLLM, f32; the rest is the memory pass).
-Hence this copy of its update (same rule, same state: optax's ``init`` and ``FactoredState``,
-so checkpoints do not change); it equals optax's to rounding (tests/training).
+against 0.37 ms on a 2-core AMD EPYC), and every unfactored array pays it each step. The small
+configs' attention kernels (head_dim 64 < ``min_dim_size_to_factor``) are all unfactored: 45 ->
+14 thread-ms a step with ``rsqrt`` (small DecLLM, f32; the rest is the memory pass). Hence this
+copy of its update (same rule, same state: optax's ``init`` and ``FactoredState``, so
+checkpoints do not change); it equals optax's to rounding (tests/training).
 """
 from __future__ import annotations
 

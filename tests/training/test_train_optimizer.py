@@ -134,7 +134,8 @@ def test_adafactor_scaling_equals_optax_in_float64():
     s_ours, s_theirs = ours.init(params), theirs.init(params)
     assert jax.tree.structure(s_ours) == jax.tree.structure(s_theirs)
     dims = {k: adafactor.factored_dims(p.shape, 128) for k, p in params.items()}
-    assert dims["factored"] == (1, 0) and dims["factored_last"] == (1, 2) and dims["unfactored"] is None
+    assert dims["factored"] == (1, 0) and dims["factored_last"] == (1, 2)
+    assert dims["unfactored"] is None
     for g in grads:
       u_ours, s_ours = jax.jit(ours.update)(g, s_ours, params)
       u_theirs, s_theirs = jax.jit(theirs.update)(g, s_theirs, params)

@@ -146,7 +146,8 @@ def test_adafactor_scaling_equals_optax_in_float64():
 
 def test_adafactor_scaling_compiles_without_power():
   """Its reason to exist: optax's ``v ** -0.5`` is an XLA ``power`` (a scalar powf per element
-  on CPU); this update is ``rsqrt`` for factored and unfactored arrays alike."""
+  on CPU); this update is ``rsqrt`` for factored and unfactored arrays alike. Should XLA one
+  day rewrite optax's ``power`` itself, the optax half fails: adafactor.py can then go."""
   params, grads = _adafactor_problem(jnp.float32)
   for tx, powers in ((adafactor.scale_by_factored_rms(), 0),
                      (optax.scale_by_factored_rms(), 1)):

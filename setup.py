@@ -1,6 +1,7 @@
-"""The optional CPU kernels of the decode step (``t5like/kernels/*.cc``) against XLA's FFI headers
-(jaxlib's). Everything else is in pyproject.toml. Without a C++ compiler the extension is skipped
-with a warning, and generation uses XLA's own operations (``t5like.kernels.library``).
+"""The optional CPU kernels of the decode step and of the train step's attention
+(``t5like/kernels/*.cc``) against XLA's FFI headers (jaxlib's). Everything else is in
+pyproject.toml. Without a C++ compiler the extension is skipped with a warning, and the model uses
+XLA's own operations (``t5like.kernels.library``).
 """
 import os
 
@@ -16,7 +17,7 @@ def _kernels() -> list[Extension]:
   return [Extension(
       "t5like.kernels._cpu",
       sources=["t5like/kernels/few_row.cc", "t5like/kernels/cache_attention.cc",
-               "t5like/kernels/argmax.cc"],
+               "t5like/kernels/argmax.cc", "t5like/kernels/attention_train.cc"],
       depends=["t5like/kernels/common.h"],
       include_dirs=[os.path.join(os.path.dirname(jaxlib.__file__), "include")],
       language="c++",

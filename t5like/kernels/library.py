@@ -1,5 +1,5 @@
-"""The CPU kernels' shared library (``few_row.cc``, ``cache_attention.cc``, ``argmax.cc``):
-found, loaded and registered with XLA once; whether the decode step may use it.
+"""The CPU kernels' shared library (``few_row.cc``, ``cache_attention.cc``, ``argmax.cc``,
+``attention_train.cc``): found, loaded and registered with XLA once; whether a caller may use it.
 
 No library offers these kernels for XLA:CPU, hence C++ (docs/performance.md). The library is an
 optional extension built at install time (setup.py: a C++ compiler; x86 with AVX2 + FMA to run
@@ -20,6 +20,8 @@ FEW_ROW_FUSED = "t5like_few_row_fused"
 CACHE_ATTENTION = "t5like_cache_attention"
 ARGMAX = "t5like_argmax"
 ATTENTION_STEP = "t5like_attention_step"
+ATTENTION_TRAIN_FWD = "t5like_attention_train_fwd"
+ATTENTION_TRAIN_BWD = "t5like_attention_train_bwd"
 
 
 @functools.cache
@@ -36,7 +38,9 @@ def _load() -> bool:
   for name, symbol in ((FEW_ROW_FUSED, lib.T5likeFewRowFused),
                        (CACHE_ATTENTION, lib.T5likeCacheAttention),
                        (ARGMAX, lib.T5likeArgmax),
-                       (ATTENTION_STEP, lib.T5likeAttentionStep)):
+                       (ATTENTION_STEP, lib.T5likeAttentionStep),
+                       (ATTENTION_TRAIN_FWD, lib.T5likeAttentionTrainFwd),
+                       (ATTENTION_TRAIN_BWD, lib.T5likeAttentionTrainBwd)):
     try:
       jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(symbol), platform="cpu")
     except jax.errors.JaxRuntimeError as e:  # A second copy of t5like (benchmarks/ab_revision).
@@ -53,6 +57,13 @@ def built() -> bool:
 def switched_on() -> bool:
   """False where ``T5LIKE_CPU_KERNELS=0`` (read when a function is traced)."""
   return os.environ.get(ENV_SWITCH, "1") != "0"
+
+
+def usable_on_one_device() -> bool:
+  """``usable``, or inside a mesh of one device (a train step's): nothing is partitioned there."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return (switched_on() and (mesh.empty or mesh.size == 1) and jax.default_backend() == "cpu"
+          and _load())
 
 
 def usable() -> bool:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t5like.config.model import ModelConfig
+from t5like.kernels import attention_train
 from t5like.models.layers import (constrain, dropout, dtype, fan_in_init, fold, kernel, param,
                                   project)
 from t5like.models.masks import MaskSpec
@@ -122,7 +123,12 @@ def dot_product_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Arra
   skipped keys are masked for every query of the block, so the result is the same softmax,
   without their scores, exponentials and products (the core's forward and backward on XLA:CPU,
   f32: 1.34x at 256 tokens, 1.8x at 512, 1.5-2x at 1024 and 2048; docs/performance.md).
+  On one CPU device, float32 without dropout, ``kernels.attention_train`` computes the same
+  (each query over its first to last allowed key only).
   """
+  if (dropout_rate == 0.0 or rng is None) and attention_train.applies(q_bthk, k_bsgk, v_bsgk,
+                                                                      mask_bhts):
+    return attention_train.attend(q_bthk, k_bsgk, v_bsgk, mask_bhts)  # CPU, one device, f32.
   t = q_bthk.shape[1]
   block = max(CAUSAL_BLOCK, -(-t // CAUSAL_MAX_BLOCKS))
   if not causal or t <= block:

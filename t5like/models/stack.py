@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t5like.config.model import ModelConfig
+from t5like.kernels.attention_train import RESIDUALS
 from t5like.models.blocks import CrossContext, SelfContext
 from t5like.models.layers import fold
 
@@ -24,7 +25,8 @@ def remat_policy(name: str):
       "none": None,
       "full": cp.nothing_saveable,
       "dots": cp.checkpoint_dots,
-      "dots_no_batch": cp.dots_with_no_batch_dims_saveable,
+      "dots_no_batch": cp.save_from_both_policies(
+          cp.dots_with_no_batch_dims_saveable, cp.save_only_these_names(RESIDUALS)),
       "attention_out": cp.save_only_these_names("attention_out"),
   }[name]
 

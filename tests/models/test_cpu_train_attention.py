@@ -1,0 +1,139 @@
+"""The train step's attention core on one CPU device (t5like/kernels/attention_train.cc).
+
+Forward and gradients for q, k and v equal XLA's core (``attention.dot_product_attention`` with
+the kernels switched off, the implementation the model tests check against the oracle) on the
+masks the models make: packed causal DecLLM rows with padding, a PrefixLM prefix, a packed
+bidirectional encoder, mixed per-head directions and RedLLM's cross-attention, with grouped kv
+heads, at the array's scale on any x86 CPU. Padding queries get zeros and no gradient. The
+callers take the kernel exactly where it applies; under a ``dots_no_batch`` remat the backward
+reads the forward's saved output instead of running the forward again.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import tiny_cfg, tokens
+from numerics import assert_close_to_scale
+from t5like.kernels import attention_train, library
+from t5like.models import attention, masks
+
+REL = 1e-5  # float32, summation order only: scores over at most 48 keys of 16 features.
+
+
+def _calls(fn, *args) -> tuple[int, int]:
+  """(forward, backward) kernel calls in the compiled ``fn``."""
+  text = jax.jit(fn).lower(*args).compile().as_text()
+  return (text.count(f'"{library.ATTENTION_TRAIN_FWD}"'),
+          text.count(f'"{library.ATTENTION_TRAIN_BWD}"'))
+
+
+def _case(kind: str, b=3, t=24, h=4, g=2, d=16):
+  """q, k, v, the bool mask and whether it is causal, for a mask ``kind`` of the models."""
+  rng = np.random.default_rng(3)
+  seg = np.zeros((b, t), np.int32)
+  seg[0, :10], seg[0, 10:20] = 1, 2  # Two packed examples, then padding.
+  seg[1, :] = 1
+  seg[2, :7] = 1  # Mostly padding.
+  s = t
+  if kind == "cross":  # Decoder queries over another segment-packed encoder length.
+    s = 40
+    kv_seg = np.zeros((b, s), np.int32)
+    kv_seg[0, :16], kv_seg[0, 16:30], kv_seg[1, :], kv_seg[2, :9] = 1, 2, 1, 1
+    mask = masks.cross_attention_mask(jnp.asarray(seg), jnp.asarray(kv_seg))
+  elif kind == "per_head":
+    prefix = jnp.asarray(np.arange(t)[None, :] < np.array([[4], [9], [3]]))
+    mask = masks.self_attention_mask(jnp.asarray(seg), kind="prefix", prefix_bt=prefix,
+                                     mixed="per_head", num_heads=h)
+  elif kind == "prefix":
+    prefix = jnp.asarray(np.arange(t)[None, :] < np.array([[4], [9], [3]]))
+    mask = masks.self_attention_mask(jnp.asarray(seg), kind="prefix", prefix_bt=prefix)
+  else:
+    mask = masks.self_attention_mask(jnp.asarray(seg), kind=kind)
+  q = jnp.asarray(rng.standard_normal((b, t, h, d)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((b, s, g, d)), jnp.float32) for _ in range(2))
+  return q, k, v, mask, kind == "causal"
+
+
+@pytest.mark.parametrize("kind", ["causal", "prefix", "bidirectional", "per_head", "cross"])
+def test_kernel_equals_the_xla_core_forward_and_gradients(kernels, kind, monkeypatch):
+  q, k, v, mask, causal = _case(kind)
+  cot = jnp.asarray(np.random.default_rng(4).standard_normal(q.shape), jnp.float32)
+
+  def loss(q, k, v):  # A new function each call: the switch is read when it is traced.
+    out = attention.dot_product_attention(q, k, v, mask, causal=causal)
+    return jnp.sum(out * cot), out
+
+  def run():
+    fn = lambda *a: jax.value_and_grad(loss, (0, 1, 2), has_aux=True)(*a)  # noqa: E731
+    return _calls(fn, q, k, v), jax.jit(fn)(q, k, v)
+
+  calls, ((_, out), grads) = run()
+  assert calls == (1, 1)
+  monkeypatch.setenv(library.ENV_SWITCH, "0")
+  xla_calls, ((_, want), want_grads) = run()
+  assert xla_calls == (0, 0)
+  assert_close_to_scale(out, want, REL, "out")
+  for name, got, ref in zip(("dq", "dk", "dv"), grads, want_grads):
+    assert_close_to_scale(got, ref, REL, name)
+  live_q = np.asarray(jnp.any(mask, axis=(1, 3)))  # [b, t]: queries with an allowed key.
+  assert not live_q.all()
+  assert np.all(np.asarray(out)[~live_q] == 0) and np.all(np.asarray(grads[0])[~live_q] == 0)
+  live_k = np.asarray(jnp.any(mask, axis=(1, 2)))  # [b, s]: keys some query may read.
+  assert np.all(np.asarray(grads[1])[~live_k] == 0) and np.all(np.asarray(grads[2])[~live_k] == 0)
+
+
+def test_callers_take_the_kernel_only_where_it_applies(kernels, monkeypatch):
+  """float32, head size and key lengths multiples of 8, query lengths of 4, no dropout, one
+  device (a train step's 1-device mesh included), not switched off; otherwise XLA's core."""
+  q, k, v, mask, _ = _case("causal")
+
+  def uses(q, k, v, mask, **kw):
+    fn = lambda q, k, v: attention.dot_product_attention(q, k, v, mask, **kw)  # noqa: E731
+    return _calls(fn, q, k, v)[0] == 1
+
+  assert uses(q, k, v, mask)
+  assert uses(q, k, v, mask, dropout_rate=0.1)  # No rng: no dropout.
+  assert not uses(q, k, v, mask, dropout_rate=0.1, rng=jax.random.key(0))
+  assert not uses(*(x.astype(jnp.bfloat16) for x in (q, k, v)), mask)
+  assert not uses(q[:, :22], k[:, :22], v[:, :22], mask[:, :, :22, :22])  # 22 % 4, % 8.
+  assert not uses(q[..., :12], k[..., :12], v[..., :12], mask)  # head size 12
+  one = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+  with jax.set_mesh(one):
+    assert uses(q, k, v, mask)
+  two = jax.sharding.AbstractMesh((2,), ("data",))
+  with jax.sharding.use_abstract_mesh(two):  # An FFI call is not partitioned: XLA's core.
+    assert not attention_train.applies(q, k, v, mask)
+  with monkeypatch.context() as patch:  # Another default backend (a GPU host): never called.
+    patch.setattr(jax, "default_backend", lambda: "gpu")
+    assert not attention_train.applies(q, k, v, mask)
+  monkeypatch.setenv(library.ENV_SWITCH, "0")
+  assert not uses(q, k, v, mask)
+
+
+@pytest.mark.parametrize("policy, forwards", [("dots_no_batch", 1), ("full", 2)])
+def test_scanned_backward_reads_the_saved_forward(kernels, policy, forwards, monkeypatch):
+  """A scanned DecLLM's loss gradient: with ``dots_no_batch`` the kernel's output and
+  log-sum-exp are saved (one forward call), with ``full`` remat run again (two); the
+  gradients equal XLA's core either way."""
+  from flax import nnx
+  from t5like.models import build_model
+  cfg = tiny_cfg("decllm", scan_layers=True, remat_policy=policy)
+  model = build_model(cfg, nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  batch = {"decoder_input_tokens": tokens((2, 16))}
+
+  def grads(params):
+    def loss(p):
+      logits = nnx.merge(graphdef, p)(batch)
+      return jnp.mean(jax.nn.logsumexp(logits, -1))
+    return jax.grad(loss)(params)
+
+  assert _calls(grads, params) == (forwards, 1)
+  got = jax.jit(grads)(params)
+  monkeypatch.setenv(library.ENV_SWITCH, "0")
+  want = jax.jit(lambda p: grads(p))(params)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert_close_to_scale(g, w, REL)

@@ -5,9 +5,9 @@
 // XLA:CPU runs the core as batched products on heads-major copies of q, k and v with the
 // softmax, its mask bias and their gradients as separate passes over [batch, heads, q, kv]
 // (~60 GFLOP/s; docs/performance.md). Here each (batch, kv head) pair is one work item on XLA's
-// intra-op threads: its products run as register-blocked AVX2 loops over the rows' key range
-// only (each row's first to last allowed key: the causal triangle and other segments' keys are
-// skipped), with the probabilities recomputed in the backward from the forward's log-sum-exp
+// intra-op threads: its products run in an AVX2 register tile over each four-row block's key
+// range only (its rows' first to last allowed key: the causal triangle and other segments' keys
+// are skipped), with the probabilities recomputed in the backward from the forward's log-sum-exp
 // (FlashAttention's recipe, without its tiling: a pair's [rows, keys] scores fit in L2 at the
 // lengths this serves). Same arithmetic as models/attention.py::_attend: float32 scores of the
 // scaled queries, max-subtracted softmax, masked keys excluded, zeros for a row with none.
@@ -45,8 +45,8 @@ constexpr int64_t kPanel = 16;  // Columns of b per packed panel.
 // b [k_len, n_len] (element (k, n) at x[k * k_stride + n * n_stride]) packed as panels of 16
 // columns, each [k_len, 16] contiguous (the last one [k_len, 8] when n_len % 16 == 8), so the
 // products below read b sequentially.
-__attribute__((target("avx2,fma"))) void Pack(const float* x, int64_t k_len, int64_t n_len, int64_t k_stride, int64_t n_stride,
-          float* out) {
+__attribute__((target("avx2,fma"))) void Pack(const float* x, int64_t k_len, int64_t n_len,
+                                              int64_t k_stride, int64_t n_stride, float* out) {
   for (int64_t n0 = 0; n0 < n_len; n0 += kPanel) {
     const int64_t w = std::min(kPanel, n_len - n0);
     float* panel = out + n0 * k_len;
@@ -152,7 +152,8 @@ void BlockRanges(const Shape& sh, const bool* mask, int64_t bi, int64_t gi,
 }
 
 // The pair's query rows times ``factor``, [rows, d].
-__attribute__((target("avx2,fma"))) void QueryRows(const Shape& sh, const float* q, int64_t bi, int64_t gi, float factor, float* qs) {
+__attribute__((target("avx2,fma"))) void QueryRows(const Shape& sh, const float* q, int64_t bi,
+                                                   int64_t gi, float factor, float* qs) {
   for (int64_t r = 0; r < sh.rows(); ++r) {
     const float* src = q + sh.q_at(bi, gi, r);
     for (int64_t c = 0; c < sh.d; ++c) qs[r * sh.d + c] = src[c] * factor;

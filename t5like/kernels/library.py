@@ -60,10 +60,13 @@ def switched_on() -> bool:
 
 
 def usable_on_one_device() -> bool:
-  """``usable``, or inside a mesh of one device (a train step's): nothing is partitioned there."""
+  """``usable``, or inside a mesh of one CPU device (a train step's): nothing is partitioned
+  there. A mesh's own platform decides where it names one, so a compile for a TPU topology on a
+  CPU host (``train.py --compile_only --topology``) keeps XLA's operations."""
   mesh = jax.sharding.get_abstract_mesh()
-  return (switched_on() and (mesh.empty or mesh.size == 1) and jax.default_backend() == "cpu"
-          and _load())
+  device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+  platform = device.platform if device is not None else jax.default_backend()
+  return switched_on() and (mesh.empty or mesh.size == 1) and platform == "cpu" and _load()
 
 
 def usable() -> bool:

@@ -106,6 +106,11 @@ def test_callers_take_the_kernel_only_where_it_applies(kernels, monkeypatch):
   two = jax.sharding.AbstractMesh((2,), ("data",))
   with jax.sharding.use_abstract_mesh(two):  # An FFI call is not partitioned: XLA's core.
     assert not attention_train.applies(q, k, v, mask)
+  from jax._src.mesh import AbstractDevice
+  tpu = jax.sharding.AbstractMesh((1,), ("data",),
+                                  abstract_device=AbstractDevice("TPU v5", None, "tpu"))
+  with jax.sharding.use_abstract_mesh(tpu):  # A compile for a TPU topology on this host.
+    assert not attention_train.applies(q, k, v, mask)
   with monkeypatch.context() as patch:  # Another default backend (a GPU host): never called.
     patch.setattr(jax, "default_backend", lambda: "gpu")
     assert not attention_train.applies(q, k, v, mask)

@@ -3,7 +3,7 @@
 
   python benchmarks/train_throughput.py [--steps 10] [--only tiny_decllm,small_redllm]
                                         [--dtypes float32,bfloat16] [--peak 5.69e11]
-                                        [--peer] [--compile_scaling]
+                                        [--peer] [--alternate] [--compile_scaling]
 
 Times the jitted train step (forward, backward, clipping, Adafactor; synthetic batches already on
 device, so the data pipeline is not measured) and prints one table: tokens/s counts every input
@@ -21,6 +21,11 @@ bfloat16 rows: the whole model cast (``.to(bfloat16)``: bf16 weights and optimiz
 fastest) and ``torch.autocast`` over f32 weights (the precision of t5like's ``bfloat16``: f32
 parameters and optimizer, bf16 matmuls). A peer row stops timing after ~2 minutes of steps
 (PyTorch's bf16 without bf16 instructions takes ~80 s a step) and says how many it timed.
+``--alternate`` prepares every row first and then times them in ``--steps`` rounds, each row one
+step per round after a pause and one untimed step, the order reversed every other round (no
+peer time limit: give ``--dtypes float32`` where PyTorch's bf16 is that slow): on a shared host
+the rows then see the same machine, where rows timed one after the other saw it minutes apart
+and their ratio moved ~10-25 % between runs.
 ``--compile_scaling`` compiles the scanned small DecLLM at 4 and 32 layers and prints the ratio.
 """
 from __future__ import annotations
@@ -30,6 +35,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -86,6 +92,11 @@ CONFIGS = {
 }
 
 
+# --alternate: before each timed step, a pause (the previous system's spinning threads go idle)
+# and one untimed step of the same system (its buffers back in cache and memory; the first step
+# after another system's ran up to ~1.5x slower for the unrolled DecLLM).
+PAUSE_S = 1.0
+WARM_STEPS = 1
 PEER_BUDGET_S = 120.0  # Seconds of peer steps per dtype before timing stops (at least one).
 
 
@@ -94,9 +105,10 @@ def peer_device(torch) -> str:
   return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
 
 
-def measure_peer(dtype: str, steps: int, autocast: bool = False) -> dict | None:
+def prepare_peer(dtype: str, autocast: bool = False) -> tuple[dict, Callable[[], None]] | None:
   """transformers' Llama at the small_decllm shapes, AdamW, PyTorch's own threads; ``autocast``:
-  f32 weights with bf16 autocast instead of the model cast to ``dtype``."""
+  f32 weights with bf16 autocast instead of the model cast to ``dtype``. Returns the row's
+  description and one training step (already run once), or None without torch."""
   try:
     import torch
     import transformers
@@ -127,23 +139,30 @@ def measure_peer(dtype: str, steps: int, autocast: bool = False) -> dict | None:
       torch.cuda.synchronize()
   t0 = time.perf_counter()
   step()
-  compile_s = time.perf_counter() - t0
-  times = []
-  for _ in range(steps):  # Stops early past PEER_BUDGET_S (bf16 without bf16 instructions: ~80 s
-    t = time.perf_counter()  # a step, 15 minutes for the default 10 steps).
-    step()
-    times.append(time.perf_counter() - t)
-    if sum(times) + compile_s > PEER_BUDGET_S:
-      break
-  dt = statistics.median(times)
   name = "transformers Llama (PyTorch, AdamW" + (", autocast, f32 weights)" if autocast else ")")
-  if len(times) < steps:
-    name += f" [{len(times)} steps]"
   return {"config": name, "family": "decllm",
           "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "dtype": dtype,
-          "shape": f"{b}x{s}", "step_ms": dt * 1e3, "tokens_s": b * s / dt,
-          "gflops": flops.train_flops(m, b, s, 0) / dt / 1e9, "mfu": float("nan"),
-          "compile_s": compile_s}
+          "shape": f"{b}x{s}", "tokens": b * s, "flops": flops.train_flops(m, b, s, 0),
+          "compile_s": time.perf_counter() - t0}, step
+
+
+def measure_peer(dtype: str, steps: int, autocast: bool = False) -> dict | None:
+  """``prepare_peer``'s step timed ``steps`` times, stopping early past ``PEER_BUDGET_S``
+  (bf16 without bf16 instructions: ~80 s a step, 15 minutes for the default 10 steps)."""
+  prepared = prepare_peer(dtype, autocast)
+  if prepared is None:
+    return None
+  meta, step = prepared
+  times = []
+  for _ in range(steps):
+    t = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t)
+    if sum(times) + meta["compile_s"] > PEER_BUDGET_S:
+      break
+  if len(times) < steps:
+    meta = {**meta, "config": meta["config"] + f" [{len(times)} steps]"}
+  return finish(meta, times)
 
 
 def compile_scaling() -> list[tuple[int, float]]:
@@ -162,32 +181,65 @@ def compile_scaling() -> list[tuple[int, float]]:
   return out
 
 
-def measure(name: str, cfg: Config, steps: int) -> dict:
+def prepare(name: str, cfg: Config) -> tuple[dict, Callable[[], None]]:
+  """The row's description and one jitted train step of ``cfg`` (compiled and run once; the
+  state is donated step to step, two synthetic batches alternate)."""
   mesh = partitioning.make_mesh(cfg.mesh)
   setup = state_lib.build_setup(cfg, mesh)
-  state = state_lib.init_state(setup)
   it = SyntheticData(cfg).train(cfg.train.batch_size, 0, 1)
   batches = [global_batch(next(it), setup.batch_sharding, cfg.train.batch_size)
              for _ in range(2)]
   train_step = step_lib.make_train_step(setup)
+  held = {"state": state_lib.init_state(setup), "steps": 0}
+
+  def step():
+    held["state"], metrics = train_step(held["state"], batches[held["steps"] % 2])
+    jax.block_until_ready((held["state"], metrics))
+    held["steps"] += 1
   t0 = time.perf_counter()
-  state, metrics = train_step(state, batches[0])
-  jax.block_until_ready((state, metrics))
-  compile_s = time.perf_counter() - t0
-  times = []
-  for i in range(steps):
-    t = time.perf_counter()
-    state, metrics = train_step(state, batches[i % 2])
-    jax.block_until_ready((state, metrics))
-    times.append(time.perf_counter() - t)
-  dt = statistics.median(times)
+  step()
   dec, enc = flops.batch_lengths(batches[0])
   b = cfg.train.batch_size
-  f = flops.train_flops(cfg.model, b, dec, enc)
   return {"config": name, "family": cfg.model.family, "params_m": setup.num_params / 1e6,
           "dtype": cfg.model.dtype, "shape": f"{b}x{enc}+{dec}" if enc else f"{b}x{dec}",
-          "step_ms": dt * 1e3, "tokens_s": b * (dec + enc) / dt, "gflops": f / dt / 1e9,
-          "mfu": float("nan"), "compile_s": compile_s}  # MFU: ``with_mfu``, once all rows ran.
+          "tokens": b * (dec + enc), "flops": flops.train_flops(cfg.model, b, dec, enc),
+          "compile_s": time.perf_counter() - t0}, step
+
+
+def finish(meta: dict, times: list[float]) -> dict:
+  """A table row from ``prepare``'s description and the step times (their median)."""
+  dt = statistics.median(times)
+  return {**meta, "step_ms": dt * 1e3, "tokens_s": meta["tokens"] / dt,
+          "gflops": meta["flops"] / dt / 1e9,
+          "mfu": float("nan")}  # MFU: ``with_mfu``, once all rows ran.
+
+
+def measure(name: str, cfg: Config, steps: int) -> dict:
+  meta, step = prepare(name, cfg)
+  times = []
+  for _ in range(steps):
+    t = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t)
+  return finish(meta, times)
+
+
+def alternate(systems: list[tuple[dict, Callable[[], None]]], rounds: int) -> list[dict]:
+  """Rows of ``systems`` timed in ``rounds`` rounds of one step each (after ``PAUSE_S`` and
+  ``WARM_STEPS`` untimed steps), the order reversed every other round: on a shared host they
+  then see the same machine, not the machine minutes apart (a row measured alone moved 10-30 %
+  between runs; docs/performance.md)."""
+  times = [[] for _ in systems]
+  for r in range(rounds):
+    order = range(len(systems)) if r % 2 == 0 else reversed(range(len(systems)))
+    for i in order:
+      time.sleep(PAUSE_S)
+      for _ in range(WARM_STEPS):
+        systems[i][1]()
+      t = time.perf_counter()
+      systems[i][1]()
+      times[i].append(time.perf_counter() - t)
+  return [finish(meta, t) for (meta, _), t in zip(systems, times)]
 
 
 def refresh_peak(configured: float, dtype: str) -> None:
@@ -219,16 +271,22 @@ def main() -> None:
                   help="peak FLOP/s of the whole mesh (default: CPU matmul probe / device kind)")
   ap.add_argument("--peer", action="store_true",
                   help="also train transformers' Llama on PyTorch at the small_decllm shapes")
+  ap.add_argument("--alternate", action="store_true",
+                  help="prepare every row first, then time them in alternating rounds (one "
+                       "step each, --steps rounds): same-run ratios on a drifting host")
   ap.add_argument("--compile_scaling", action="store_true",
                   help="compile time of a scanned 32-layer vs 4-layer small DecLLM")
   args = ap.parse_args()
   names = [n for n in (args.only.split(",") if args.only else CONFIGS) if n]
-  rows = []
+  rows, systems = [], []
   for name in names:
     for dtype in ([FIXED_DTYPE[name]] if name in FIXED_DTYPE else args.dtypes.split(",")):
       cfg = CONFIGS[name]()
       cfg.model.dtype = dtype
       cfg.validate()
+      if args.alternate:
+        systems.append(prepare(name, cfg))
+        continue
       rows.append(measure(name, cfg, min(args.steps, 3) if name in FIXED_DTYPE else args.steps))
       refresh_peak(args.peak, dtype)
       print(f"  measured {name} {dtype}: {rows[-1]['step_ms']:.0f} ms, "
@@ -236,17 +294,30 @@ def main() -> None:
   if args.peer:
     for dtype, autocast in [(d, a) for d in args.dtypes.split(",")
                             for a in ((False, True) if d != "float32" else (False,))]:
-      peer = measure_peer(dtype, args.steps, autocast)
+      if args.alternate:
+        peer = prepare_peer(dtype, autocast)
+        if peer is not None:
+          systems.append(peer)
+      else:
+        peer = measure_peer(dtype, args.steps, autocast)
+        if peer is not None:
+          rows.append(peer)
+          print(f"  measured {peer['config']} {dtype}: {peer['step_ms']:.0f} ms, "
+                f"{peer['tokens_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
       if peer is None:
         print("--peer: torch / transformers not installed; no peer rows", file=sys.stderr)
         break
-      rows.append(peer)
-      print(f"  measured {peer['config']} {dtype}: {peer['step_ms']:.0f} ms, "
-            f"{peer['tokens_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
+  if args.alternate:
+    for dtype in args.dtypes.split(","):  # A probe before and after: the best is kept.
+      refresh_peak(args.peak, dtype)
+    rows = alternate(systems, args.steps)
+    for dtype in args.dtypes.split(","):
+      refresh_peak(args.peak, dtype)
   rows = with_mfu(rows, args.peak)
   peak = args.peak or flops.peak_flops_per_device(0.0, "float32") * jax.device_count()
   print(f"\ndevice: {jax.devices()[0].device_kind} x {jax.device_count()}; "
-        f"FLOPs: docs/flops.md convention; median of {args.steps} steps (medium: 3); "
+        f"FLOPs: docs/flops.md convention; median of {args.steps} steps"
+        f"{', alternating rounds' if args.alternate else ' (medium: 3)'}; "
         f"f32 matmul peak measured here {peak / 1e9:.0f} GFLOP/s; {runtime.huge_pages_state()}"
         "\n")
   head = ("config", "family", "params (M)", "dtype", "batch x len", "step ms", "tokens/s",

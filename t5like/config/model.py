@@ -50,9 +50,9 @@ class ModelConfig:
   scan_layers: bool = True  # Run the layer stack with lax.scan (one compiled layer) instead of a
   #   Python loop. Parameters are stacked [layers, ...] either way, so checkpoints are identical.
   remat_policy: str = "none"  # Rematerialisation per layer: "none", "full" (save nothing),
-  #   "dots" (save matmul outputs), "dots_no_batch" (save weight matmuls only), "attention_out".
-  #   On CPU a scanned stack is never slower with "dots_no_batch" than "none", often faster
-  #   (docs/performance.md).
+  #   "dots" (save matmul outputs), "dots_no_batch" (save weight matmuls, and the CPU attention
+  #   kernel's output and log-sum-exp), "attention_out". On CPU a scanned stack is never slower
+  #   with "dots_no_batch" than "none", often faster (docs/performance.md).
   attention_impl: str = "xla"  # Training-time attention: "xla" (any device; builds the
   #   [batch, heads, q, kv] mask), "splash" (TPU Pallas kernel, block-sparse masks + segment ids;
   #   interpret mode on CPU) or "cudnn" (GPU fused kernel; unpacked rows, causal/full masks only).

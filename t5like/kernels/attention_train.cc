@@ -316,20 +316,23 @@ void BackwardPair(const Shape& sh, const float* q, const float* k, const float* 
 }
 #endif
 
-ffi::Error BadShapes() {
-  return ffi::Error::InvalidArgument(
-      "attention_train wants q [B, T, H, D], k and v [B, S, G, D], mask [B, 1 or H, T, S], G "
-      "dividing H, D % 8 == 0, S % 8 == 0, T % 4 == 0");
-}
-
-bool ReadShape(ffi::Span<const int64_t> qd, ffi::Span<const int64_t> kd,
-               ffi::Span<const int64_t> vd, ffi::Span<const int64_t> md, Shape& sh) {
-  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || md.size() != 4) return false;
-  sh = Shape{qd[0], qd[1], qd[2], kd[1], kd[2], qd[3], md[1]};
-  return sh.g > 0 && sh.h % sh.g == 0 && kd[0] == sh.b && kd[3] == sh.d &&
+// The call's shape (sh) from q [B, T, H, D], k and v [B, S, G, D] and the mask [B, 1|H, T, S],
+// or an error: shapes the kernels cannot serve, or a CPU without AVX2 + FMA.
+ffi::Error ReadShape(ffi::Span<const int64_t> qd, ffi::Span<const int64_t> kd,
+                     ffi::Span<const int64_t> vd, ffi::Span<const int64_t> md, Shape& sh) {
+  if (!t5like::CpuSupported()) return ffi::Error::InvalidArgument("needs AVX2 and FMA");
+  bool ok = qd.size() == 4 && kd.size() == 4 && vd.size() == 4 && md.size() == 4;
+  if (ok) {
+    sh = Shape{qd[0], qd[1], qd[2], kd[1], kd[2], qd[3], md[1]};
+    ok = sh.g > 0 && sh.h % sh.g == 0 && kd[0] == sh.b && kd[3] == sh.d &&
          std::equal(kd.begin(), kd.end(), vd.begin()) && md[0] == sh.b && md[2] == sh.t &&
          md[3] == sh.s && (sh.hm == 1 || sh.hm == sh.h) && sh.d % 8 == 0 && sh.s % 8 == 0 &&
          sh.t % 4 == 0;
+  }
+  if (ok) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(
+      "attention_train wants q [B, T, H, D], k and v [B, S, G, D], mask [B, 1 or H, T, S], G "
+      "dividing H, D % 8 == 0, S % 8 == 0, T % 4 == 0 (and out, d out like q, lse [B, H, T])");
 }
 
 ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q_bthd,
@@ -337,11 +340,11 @@ ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q_bthd,
                        ffi::Buffer<ffi::PRED> mask_bhts, ffi::ResultBuffer<ffi::F32> out_bthd,
                        ffi::ResultBuffer<ffi::F32> lse_bht) {
 #ifdef T5LIKE_X86
-  if (!t5like::CpuSupported()) return ffi::Error::InvalidArgument("needs AVX2 and FMA");
   Shape sh;
-  if (!ReadShape(q_bthd.dimensions(), k_bsgd.dimensions(), v_bsgd.dimensions(),
-                 mask_bhts.dimensions(), sh))
-    return BadShapes();
+  if (ffi::Error e = ReadShape(q_bthd.dimensions(), k_bsgd.dimensions(), v_bsgd.dimensions(),
+                               mask_bhts.dimensions(), sh);
+      e.failure())
+    return e;
   const float *q = q_bthd.typed_data(), *k = k_bsgd.typed_data(), *v = v_bsgd.typed_data();
   const bool* mask = mask_bhts.typed_data();
   float *out = out_bthd->typed_data(), *lse = lse_bht->typed_data();
@@ -360,11 +363,16 @@ ffi::Error BackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q_bthd,
                         ffi::ResultBuffer<ffi::F32> dq_bthd, ffi::ResultBuffer<ffi::F32> dk_bsgd,
                         ffi::ResultBuffer<ffi::F32> dv_bsgd) {
 #ifdef T5LIKE_X86
-  if (!t5like::CpuSupported()) return ffi::Error::InvalidArgument("needs AVX2 and FMA");
   Shape sh;
-  if (!ReadShape(q_bthd.dimensions(), k_bsgd.dimensions(), v_bsgd.dimensions(),
-                 mask_bhts.dimensions(), sh))
-    return BadShapes();
+  if (ffi::Error e = ReadShape(q_bthd.dimensions(), k_bsgd.dimensions(), v_bsgd.dimensions(),
+                               mask_bhts.dimensions(), sh);
+      e.failure())
+    return e;
+  if (out_bthd.element_count() != q_bthd.element_count() ||
+      dout_bthd.element_count() != q_bthd.element_count() ||
+      lse_bht.element_count() != static_cast<size_t>(sh.b * sh.h * sh.t))
+    return ffi::Error::InvalidArgument("attention_train's backward wants out and d out shaped "
+                                       "like q, lse [B, H, T]");
   const float *q = q_bthd.typed_data(), *k = k_bsgd.typed_data(), *v = v_bsgd.typed_data();
   const float *out = out_bthd.typed_data(), *lse = lse_bht.typed_data();
   const float* dout = dout_bthd.typed_data();

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "common.h"
@@ -42,16 +43,48 @@ struct Shape {
 #ifdef T5LIKE_X86
 constexpr int64_t kPanel = 16;  // Columns of b per packed panel.
 
+// x[0..8) x[ld..ld+8) ... (eight rows of 8) stored transposed into out, rows ldo apart.
+__attribute__((target("avx2,fma"), always_inline)) inline void Transpose8(const float* x, int64_t ld,
+                                                           float* out, int64_t ldo) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(x + i * ld);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      r[i + j] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + j + 2] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+  // r[0..3]: columns 0, 2, 1, 3 of rows 0-3 (lanes 0-3) and 4-7 of them (lanes 4-7) likewise.
+  const int order[4] = {0, 2, 1, 3};
+  for (int c = 0; c < 4; ++c) {
+    _mm256_storeu_ps(out + c * ldo, _mm256_permute2f128_ps(r[order[c]], r[4 + order[c]], 0x20));
+    _mm256_storeu_ps(out + (c + 4) * ldo,
+                     _mm256_permute2f128_ps(r[order[c]], r[4 + order[c]], 0x31));
+  }
+}
+
 // b [k_len, n_len] (element (k, n) at x[k * k_stride + n * n_stride]) packed as panels of 16
 // columns, each [k_len, 16] contiguous (the last one [k_len, 8] when n_len % 16 == 8), so the
-// products below read b sequentially.
+// products below read b sequentially. Either stride is 1: rows (n_stride 1) are copied, columns
+// (k_stride 1, a transpose) go through 8 x 8 register transposes; k_len and n_len are multiples
+// of 8.
 __attribute__((target("avx2,fma"))) void Pack(const float* x, int64_t k_len, int64_t n_len,
                                               int64_t k_stride, int64_t n_stride, float* out) {
   for (int64_t n0 = 0; n0 < n_len; n0 += kPanel) {
     const int64_t w = std::min(kPanel, n_len - n0);
     float* panel = out + n0 * k_len;
-    for (int64_t k = 0; k < k_len; ++k)
-      for (int64_t n = 0; n < w; ++n) panel[k * w + n] = x[k * k_stride + (n0 + n) * n_stride];
+    if (n_stride == 1) {
+      for (int64_t k = 0; k < k_len; ++k)
+        for (int64_t n = 0; n < w; n += 8)
+          _mm256_storeu_ps(panel + k * w + n, _mm256_loadu_ps(x + k * k_stride + n0 + n));
+    } else {  // k_stride == 1
+      for (int64_t n = 0; n < w; n += 8)
+        for (int64_t k = 0; k < k_len; k += 8)
+          Transpose8(x + (n0 + n) * n_stride + k, n_stride, panel + k * w + n, w);
+    }
   }
 }
 
@@ -131,24 +164,46 @@ __attribute__((target("avx2,fma"))) void Rows4(const float* a, int64_t lda, cons
   for (; n < n_hi; n += 8) Half4<kTransA>(a, lda, b, k_len, n_len, c, ldc, k_lo, k_hi, n);
 }
 
+// The first and last allowed key of a mask row of s keys (s % 8 == 0), eight at a time (a bool
+// is one byte, 0 or 1); false for a row with none.
+inline bool FirstLast(const bool* m, int64_t s, int64_t& first, int64_t& last) {
+  uint64_t word = 0;
+  int64_t j = 0;
+  for (; j < s; j += 8) {
+    std::memcpy(&word, m + j, 8);
+    if (word != 0) break;
+  }
+  if (j == s) return false;
+  first = j + __builtin_ctzll(word) / 8;  // Little-endian: byte i holds key j + i.
+  for (j = s - 8;; j -= 8) {
+    std::memcpy(&word, m + j, 8);
+    if (word != 0) break;
+  }
+  last = j + 7 - __builtin_clzll(word) / 8;
+  return true;
+}
+
 // Per four-row block: the keys [lo, hi) between its rows' first and last allowed key, widened
-// to multiples of 8 (inside it a masked key still counts as masked); empty for dead rows.
+// to multiples of 8 (inside it a masked key still counts as masked); empty for dead rows. A mask
+// without a head axis gives every head of the group the first head's blocks.
 void BlockRanges(const Shape& sh, const bool* mask, int64_t bi, int64_t gi,
                  std::vector<int64_t>& lo, std::vector<int64_t>& hi) {
-  const int64_t blocks = sh.rows() / 4;
+  const int64_t blocks = sh.rows() / 4, scanned = sh.hm == 1 ? sh.t : sh.rows();
   lo.assign(blocks, sh.s);
   hi.assign(blocks, 0);
-  for (int64_t r = 0; r < sh.rows(); ++r) {
-    const bool* m = sh.mask_row(mask, bi, gi, r);
-    const bool* first = std::find(m, m + sh.s, true);
-    if (first == m + sh.s) continue;
-    int64_t last = sh.s - 1;
-    while (!m[last]) --last;
-    lo[r / 4] = std::min(lo[r / 4], static_cast<int64_t>(first - m) / 8 * 8);
+  for (int64_t r = 0; r < scanned; ++r) {
+    int64_t first, last;
+    if (!FirstLast(sh.mask_row(mask, bi, gi, r), sh.s, first, last)) continue;
+    lo[r / 4] = std::min(lo[r / 4], first / 8 * 8);
     hi[r / 4] = std::max(hi[r / 4], std::min(sh.s, (last + 8) / 8 * 8));
   }
-  for (int64_t i = 0; i < blocks; ++i)
+  for (int64_t i = 0; i < blocks; ++i) {
+    if (i >= scanned / 4) {
+      lo[i] = lo[i % (scanned / 4)];
+      hi[i] = hi[i % (scanned / 4)];
+    }
     if (lo[i] >= hi[i]) lo[i] = hi[i] = 0;
+  }
 }
 
 // The pair's query rows times ``factor``, [rows, d].
@@ -225,7 +280,7 @@ void KeyBlockRows(const Shape& sh, const std::vector<int64_t>& lo, const std::ve
 }
 
 // The forward of one (batch, kv head) pair: its rows of out and of the log-sum-exp.
-void ForwardPair(const Shape& sh, const float* q, const float* k, const float* v,
+__attribute__((target("avx2,fma"))) void ForwardPair(const Shape& sh, const float* q, const float* k, const float* v,
                  const bool* mask, float* out, float* lse, int64_t pair) {
   thread_local std::vector<float> qs, kt, vp, p, lse_r;
   thread_local std::vector<int64_t> lo, hi;
@@ -251,7 +306,7 @@ void ForwardPair(const Shape& sh, const float* q, const float* k, const float* v
 }
 
 // The backward of one (batch, kv head) pair: its rows of dq, dk and dv.
-void BackwardPair(const Shape& sh, const float* q, const float* k, const float* v,
+__attribute__((target("avx2,fma"))) void BackwardPair(const Shape& sh, const float* q, const float* k, const float* v,
                   const bool* mask, const float* out, const float* lse, const float* dout,
                   float* dq, float* dk, float* dv, int64_t pair) {
   thread_local std::vector<float> qs, qp, kt, vt, kp, dor, dop, delta, lse_r, p, ds;

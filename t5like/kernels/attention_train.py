@@ -15,6 +15,7 @@ from jax.ad_checkpoint import checkpoint_name
 from t5like.kernels import library
 
 RESIDUALS = "attention_core"  # checkpoint_name of the output and log-sum-exp the backward reads.
+DTYPES = (jnp.float32, jnp.bfloat16)  # bfloat16 operands are computed in float32.
 MAX_SCORES = 1 << 22  # Scores per (batch, kv head) pair: the kernel keeps 2 such arrays a thread.
 
 
@@ -24,7 +25,8 @@ def applies(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
   multiple of 8), kv heads dividing the heads, a bool mask ``[batch|1, heads|1, t, s]``, key
   lengths a multiple of 8 and query lengths of 4, at most ``MAX_SCORES`` scores per (batch, kv
   head), and the kernels usable on one device (``library.usable_on_one_device``)."""
-  if not all(x.dtype == jnp.float32 and x.ndim == 4 for x in (q_bthk, k_bsgk, v_bsgk)):
+  if not (q_bthk.dtype in DTYPES and all(x.dtype == q_bthk.dtype and x.ndim == 4
+                                          for x in (q_bthk, k_bsgk, v_bsgk))):
     return False
   b, t, h, d = q_bthk.shape
   _, s, g, _ = k_bsgk.shape
@@ -36,11 +38,16 @@ def applies(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
           and library.usable_on_one_device())
 
 
-@jax.custom_vjp
 def attend(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
            mask_bhts: jax.Array) -> jax.Array:
-  """``softmax(q k^T / sqrt(head_dim) over the allowed keys) v`` -> [batch, t, heads, head_dim];
-  zeros for a query with no allowed key. Check ``applies`` first."""
+  """``softmax(q k^T / sqrt(head_dim) over the allowed keys) v`` -> [batch, t, heads, head_dim]
+  in q's dtype; zeros for a query with no allowed key. Check ``applies`` first."""
+  f32 = (x.astype(jnp.float32) for x in (q_bthk, k_bsgk, v_bsgk))
+  return _attend(*f32, mask_bhts).astype(q_bthk.dtype)
+
+
+@jax.custom_vjp
+def _attend(q_bthk, k_bsgk, v_bsgk, mask_bhts):
   return _forward(q_bthk, k_bsgk, v_bsgk, mask_bhts)[0]
 
 
@@ -76,4 +83,4 @@ def _bwd(res, dout_bthk):
   return dq, dk, dv, None
 
 
-attend.defvjp(_fwd, _bwd)
+_attend.defvjp(_fwd, _bwd)

@@ -21,6 +21,9 @@ from t5like.kernels import attention_train, library
 from t5like.models import attention, masks
 
 REL = 1e-5  # float32, summation order only: scores over at most 48 keys of 16 features.
+# bfloat16 operands: the kernel computes in float32, XLA's core rounds the scaled queries, the
+# probabilities and its products' outputs to bfloat16 (8 bits of mantissa, ~0.4 % a rounding).
+BF16_REL = 2e-2
 
 
 def _calls(fn, *args) -> tuple[int, int]:
@@ -86,7 +89,7 @@ def test_kernel_equals_the_xla_core_forward_and_gradients(kernels, kind, monkeyp
 
 
 def test_callers_take_the_kernel_only_where_it_applies(kernels, monkeypatch):
-  """float32, head size and key lengths multiples of 8, query lengths of 4, no dropout, one
+  """float32 or bfloat16, head size and key lengths multiples of 8, query lengths of 4, no dropout, one
   device (a train step's 1-device mesh included), not switched off; otherwise XLA's core."""
   q, k, v, mask, _ = _case("causal")
 
@@ -97,7 +100,8 @@ def test_callers_take_the_kernel_only_where_it_applies(kernels, monkeypatch):
   assert uses(q, k, v, mask)
   assert uses(q, k, v, mask, dropout_rate=0.1)  # No rng: no dropout.
   assert not uses(q, k, v, mask, dropout_rate=0.1, rng=jax.random.key(0))
-  assert not uses(*(x.astype(jnp.bfloat16) for x in (q, k, v)), mask)
+  assert uses(*(x.astype(jnp.bfloat16) for x in (q, k, v)), mask)  # Computed in float32.
+  assert not uses(*(x.astype(jnp.float16) for x in (q, k, v)), mask)
   assert not uses(q[:, :22], k[:, :22], v[:, :22], mask[:, :, :22, :22])  # 22 % 4, % 8.
   assert not uses(q[..., :12], k[..., :12], v[..., :12], mask)  # head size 12
   one = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
@@ -142,3 +146,48 @@ def test_scanned_backward_reads_the_saved_forward(kernels, policy, forwards, mon
   want = jax.jit(lambda p: grads(p))(params)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     assert_close_to_scale(g, w, REL)
+
+
+@pytest.mark.parametrize("kind", ["causal", "cross"])
+def test_bfloat16_operands_match_the_xla_core_within_bfloat16_rounding(kernels, kind,
+                                                                      monkeypatch):
+  """bfloat16 q, k, v go through the float32 kernel: output and gradients in bfloat16, within
+  ``BF16_REL`` of XLA's bfloat16 core."""
+  q, k, v, mask, causal = (x.astype(jnp.bfloat16) if hasattr(x, "dtype") and x.dtype ==
+                           jnp.float32 else x for x in _case(kind))
+  cot = jnp.asarray(np.random.default_rng(4).standard_normal(q.shape), jnp.bfloat16)
+
+  def run():
+    def loss(q, k, v):
+      out = attention.dot_product_attention(q, k, v, mask, causal=causal)
+      return jnp.sum((out * cot).astype(jnp.float32)), out
+    fn = lambda *a: jax.value_and_grad(loss, (0, 1, 2), has_aux=True)(*a)  # noqa: E731
+    return _calls(fn, q, k, v), jax.jit(fn)(q, k, v)
+
+  calls, ((_, out), grads) = run()
+  monkeypatch.setenv(library.ENV_SWITCH, "0")
+  xla_calls, ((_, want), want_grads) = run()
+  assert calls == (1, 1) and xla_calls == (0, 0)
+  assert out.dtype == jnp.bfloat16 and all(g.dtype == jnp.bfloat16 for g in grads)
+  assert_close_to_scale(out, want, BF16_REL, "out")
+  for name, got, ref in zip(("dq", "dk", "dv"), grads, want_grads):
+    assert_close_to_scale(got, ref, BF16_REL, name)
+
+
+def test_a_bfloat16_model_hands_the_kernel_float32_q_k_v(kernels, monkeypatch):
+  """In a bfloat16 DecLLM the QKV norms and RoPE pass float32 straight to the kernel (no round
+  trip through bfloat16); its logits stay within bfloat16 rounding of XLA's core."""
+  from flax import nnx
+  from t5like.models import build_model
+  model = build_model(tiny_cfg("decllm", dtype="bfloat16"), nnx.Rngs(0))
+  batch = {"decoder_input_tokens": tokens((2, 16))}
+  seen = []
+  attend = attention_train.attend
+  monkeypatch.setattr(attention_train, "attend",
+                      lambda q, k, v, m: seen.append((q.dtype, k.dtype, v.dtype)) or
+                      attend(q, k, v, m))
+  logits = jax.jit(lambda m: m(batch))(model)
+  assert seen and all(dtypes == (jnp.float32,) * 3 for dtypes in seen)  # (Layers scanned.)
+  monkeypatch.setenv(library.ENV_SWITCH, "0")
+  want = jax.jit(lambda m: m(batch))(model)
+  assert_close_to_scale(logits.astype(jnp.float32), want.astype(jnp.float32), BF16_REL)

@@ -17,7 +17,8 @@ def _kernels() -> list[Extension]:
   return [Extension(
       "t5like.kernels._cpu",
       sources=["t5like/kernels/few_row.cc", "t5like/kernels/cache_attention.cc",
-               "t5like/kernels/argmax.cc", "t5like/kernels/attention_train.cc"],
+               "t5like/kernels/argmax.cc", "t5like/kernels/attention_train.cc",
+               "t5like/kernels/head_norm.cc"],
       depends=["t5like/kernels/common.h"],
       include_dirs=[os.path.join(os.path.dirname(jaxlib.__file__), "include")],
       language="c++",

@@ -1,5 +1,6 @@
 """The CPU kernels' shared library (``few_row.cc``, ``cache_attention.cc``, ``argmax.cc``,
-``attention_train.cc``): found, loaded and registered with XLA once; whether a caller may use it.
+``attention_train.cc``, ``head_norm.cc``): found, loaded and registered with XLA once; whether a
+caller may use it.
 
 No library offers these kernels for XLA:CPU, hence C++ (docs/performance.md). The library is an
 optional extension built at install time (setup.py: a C++ compiler; x86 with AVX2 + FMA to run
@@ -22,6 +23,8 @@ ARGMAX = "t5like_argmax"
 ATTENTION_STEP = "t5like_attention_step"
 ATTENTION_TRAIN_FWD = "t5like_attention_train_fwd"
 ATTENTION_TRAIN_BWD = "t5like_attention_train_bwd"
+HEAD_NORM_FWD = "t5like_head_norm_fwd"
+HEAD_NORM_BWD = "t5like_head_norm_bwd"
 
 
 @functools.cache
@@ -40,7 +43,9 @@ def _load() -> bool:
                        (ARGMAX, lib.T5likeArgmax),
                        (ATTENTION_STEP, lib.T5likeAttentionStep),
                        (ATTENTION_TRAIN_FWD, lib.T5likeAttentionTrainFwd),
-                       (ATTENTION_TRAIN_BWD, lib.T5likeAttentionTrainBwd)):
+                       (ATTENTION_TRAIN_BWD, lib.T5likeAttentionTrainBwd),
+                       (HEAD_NORM_FWD, lib.T5likeHeadNormFwd),
+                       (HEAD_NORM_BWD, lib.T5likeHeadNormBwd)):
     try:
       jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(symbol), platform="cpu")
     except jax.errors.JaxRuntimeError as e:  # A second copy of t5like (benchmarks/ab_revision).

@@ -12,12 +12,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t5like.config.model import ModelConfig
-from t5like.kernels import attention_train
+from t5like.kernels import attention_train, head_norm
 from t5like.models.layers import (constrain, dropout, dtype, fan_in_init, fold, kernel, param,
                                   project)
 from t5like.models.masks import MaskSpec
 from t5like.models.norms import RMSNorm
-from t5like.models.rotary import Rotary, apply_rope
+from t5like.models.rotary import Rotary, apply_rope, as_rotary
 
 try:  # Names the output so the "attention_out" remat policy can save it.
   from jax.ad_checkpoint import checkpoint_name
@@ -79,17 +79,38 @@ class Attention(nnx.Module):
     model's dtype, for an attention core that computes in float32 (``kernels.attention_train``):
     no round trip through bfloat16 between them (bfloat16 step 1.02x on a Zen 4)."""
     cfg = self.cfg
-    if float32:
-      q_bthk, k_bsgk, v_bsgk = (x.astype(jnp.float32) for x in (q_bthk, k_bsgk, v_bsgk))
-    if cfg.qkv_norm:
-      q_bthk, k_bsgk, v_bsgk = self.q_norm(q_bthk), self.k_norm(k_bsgk), self.v_norm(v_bsgk)
-    if self.use_rope:
-      q_bthk = apply_rope(q_bthk, q_pos_bt, cfg.rope_max_wavelength)
-      k_bsgk = apply_rope(k_bsgk, kv_pos_bs, cfg.rope_max_wavelength)
+    fused = cfg.qkv_norm and self._fused_norm_and_rotate(q_bthk, k_bsgk, v_bsgk, q_pos_bt,
+                                                         kv_pos_bs, float32)
+    if fused:
+      q_bthk, k_bsgk, v_bsgk = fused
+    else:
+      if float32:
+        q_bthk, k_bsgk, v_bsgk = (x.astype(jnp.float32) for x in (q_bthk, k_bsgk, v_bsgk))
+      if cfg.qkv_norm:
+        q_bthk, k_bsgk, v_bsgk = self.q_norm(q_bthk), self.k_norm(k_bsgk), self.v_norm(v_bsgk)
+      if self.use_rope:
+        q_bthk = apply_rope(q_bthk, q_pos_bt, cfg.rope_max_wavelength)
+        k_bsgk = apply_rope(k_bsgk, kv_pos_bs, cfg.rope_max_wavelength)
     q_bthk = constrain(q_bthk, ("batch", "length", "heads", "kv"))
     k_bsgk = constrain(k_bsgk, ("batch", "length", "heads", "kv"))
     v_bsgk = constrain(v_bsgk, ("batch", "length", "heads", "kv"))
     return q_bthk, k_bsgk, v_bsgk
+
+  def _fused_norm_and_rotate(self, q_bthk, k_bsgk, v_bsgk, q_pos_bt, kv_pos_bs, float32):
+    """The QKV norms and RoPE in one kernel per tensor on one CPU device (``kernels.head_norm``:
+    the same float32 arithmetic in one pass, not ~10 XLA:CPU kernels); float32 out where
+    ``float32``, else the projections' dtype. None where the kernel does not apply."""
+    cfg = self.cfg
+    if not head_norm.applies(q_bthk):  # Before any table is made.
+      return None
+    rots = [as_rotary(p, cfg.head_dim, cfg.rope_max_wavelength) if self.use_rope else None
+            for p in (q_pos_bt, kv_pos_bs)] + [None]
+    xs, norms = (q_bthk, k_bsgk, v_bsgk), (self.q_norm, self.k_norm, self.v_norm)
+    if not all(head_norm.applies(x, rot) for x, rot in zip(xs, rots)):
+      return None
+    ys = [head_norm.norm_rope(x, norm.scale[...], rot, norm.eps)
+          for x, norm, rot in zip(xs, norms, rots)]
+    return tuple(y if float32 else y.astype(x.dtype) for x, y in zip(xs, ys))
 
   def project_out(self, out_bthk: jax.Array) -> jax.Array:
     """Attention-output norm (RedLLM) and output projection: [b, t, h, k] -> [b, t, d]."""

@@ -44,6 +44,13 @@ def rotary_table(positions_bt: jax.Array, head_dim: int, max_wavelength: float) 
   return Rotary(*jax.lax.cond(positions_bt.reshape(-1)[0] > 0, rotation, rotation, positions_bt))
 
 
+def as_rotary(positions_bt: jax.Array | Rotary, head_dim: int, max_wavelength: float) -> Rotary:
+  """``positions_bt``'s rotation: a ``rotary_table`` as it is, integer positions computed."""
+  if isinstance(positions_bt, Rotary):
+    return positions_bt
+  return _rotation(positions_bt, head_dim, max_wavelength)
+
+
 def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array | Rotary,
                max_wavelength: float) -> jax.Array:
   """Rotates feature pairs (i, i + d/2) of ``x[batch, length, heads, head_dim]`` by position
@@ -52,8 +59,7 @@ def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array | Rotary,
   The score between a query at p and a key at q then depends only on p - q.
   """
   half = x_bthd.shape[-1] // 2
-  rot = positions_bt if isinstance(positions_bt, Rotary) else _rotation(
-      positions_bt, x_bthd.shape[-1], max_wavelength)
+  rot = as_rotary(positions_bt, x_bthd.shape[-1], max_wavelength)
   x = x_bthd.astype(jnp.float32)
   x1, x2 = x[..., :half], x[..., half:]
   out = jnp.concatenate([x1 * rot.cos - x2 * rot.sin, x2 * rot.cos + x1 * rot.sin], axis=-1)

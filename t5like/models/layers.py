@@ -154,7 +154,7 @@ def _transposed(a: jax.Array) -> jax.Array:
 def _cpu_lowp_matmul(a, b, b_contract, out_dtype):
   """bf16/f16 matmul for XLA:CPU, whose fast low-precision path (AMX / AVX512-BF16: 0.5-1.3
   TFLOP/s on this project's machines against ~0.2 for float32) needs low-precision operands,
-  float32 accumulation and row-major operands contracted on their last axis, in the backward
+  float32 accumulation and a row-major left operand contracted on its last axis, in the backward
   pass too; the default gradients of a dot miss it on every count (~0.15 TFLOP/s)."""
   return _dot(a, b, 1, b_contract).astype(out_dtype)
 
@@ -167,10 +167,13 @@ def _lowp_bwd(b_contract, out_dtype, res, g_mn):
   a_mk, b = res
   g_mn = g_mn.astype(a_mk.dtype)
   da = _dot(g_mn, b, 1, 1 - b_contract).astype(a_mk.dtype)
+  # The weight gradient with only its left operand transposed (row-major, contracted on its
+  # last axis; the right one contracted on its first, as a forward weight is): the same values
+  # as transposing both, one [rows, features] copy fewer (products 1.06x alone on a Zen 4).
   if b_contract == 0:  # b [K, N]: db = a^T g.
-    db = _dot(_transposed(a_mk), _transposed(g_mn), 1, 1)
+    db = _dot(_transposed(a_mk), g_mn, 1, 0)
   else:  # b [N, K]: db = g^T a.
-    db = _dot(_transposed(g_mn), _transposed(a_mk), 1, 1)
+    db = _dot(_transposed(g_mn), a_mk, 1, 0)
   return da, db.astype(b.dtype)
 
 

@@ -19,7 +19,7 @@ def _kernels() -> list[Extension]:
       sources=["t5like/kernels/few_row.cc", "t5like/kernels/cache_attention.cc",
                "t5like/kernels/argmax.cc", "t5like/kernels/attention_train.cc",
                "t5like/kernels/head_norm.cc"],
-      depends=["t5like/kernels/common.h"],
+      depends=["t5like/kernels/common.h", "t5like/kernels/tile.h"],
       include_dirs=[os.path.join(os.path.dirname(jaxlib.__file__), "include")],
       language="c++",
       extra_compile_args=["-O3", "-std=c++17", "-Wno-attributes", "-Wno-return-type"],

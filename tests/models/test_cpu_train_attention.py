@@ -89,8 +89,9 @@ def test_kernel_equals_the_xla_core_forward_and_gradients(kernels, kind, monkeyp
 
 
 def test_callers_take_the_kernel_only_where_it_applies(kernels, monkeypatch):
-  """float32 or bfloat16, head size and key lengths multiples of 8, query lengths of 4, no dropout, one
-  device (a train step's 1-device mesh included), not switched off; otherwise XLA's core."""
+  """float32 or bfloat16, head size and key lengths multiples of 8, query lengths of 4, no
+  dropout, one device (a train step's 1-device mesh included), not switched off; otherwise
+  XLA's core."""
   q, k, v, mask, _ = _case("causal")
 
   def uses(q, k, v, mask, **kw):

@@ -52,7 +52,8 @@ _NOT_KERNELS = ("end:", "ThreadpoolListener", "SlinkyThreadPool", "Wait ", "Thun
 
 
 def hlo_kernels(hlo: str) -> dict[str, tuple[str, bool]]:
-  """Instruction name -> (``op_name shape``, is a matmul) from a compiled module's text."""
+  """Instruction name -> (``op_name shape``, is a matmul) from a compiled module's text; a
+  custom call (a CPU kernel) by its target."""
   computations = dict(re.findall(r"\n(%[\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo, re.S))
   out = {}
   for name, dtype, shape, rest in re.findall(r"%([\w.\-]+) = (\w+)\[([\d,]*)\][^ ]* ([^\n]*)",
@@ -62,6 +63,10 @@ def hlo_kernels(hlo: str) -> dict[str, tuple[str, bool]]:
     is_dot = rest.startswith("dot(") or bool(
         calls and name.startswith("ynn_fusion") and " dot(" in computations.get(calls[1], ""))
     out[name] = (f"{op[1] if op else '?'} {dtype}[{shape}]", is_dot)
+  # FFI kernels (t5like/kernels) by their target; a backward's tuple output has no single shape.
+  for name, target in re.findall(r'%([\w.\-]+) = [^\n]*? custom-call\([^\n]*?'
+                                 r'custom_call_target="([^"]+)"', hlo):
+    out[name] = (f"{target} ({out[name][0].split(' ')[-1]})" if name in out else target, False)
   return out
 
 

@@ -5,13 +5,13 @@
 // XLA:CPU runs the core as batched products on heads-major copies of q, k and v with the
 // softmax, its mask bias and their gradients as separate passes over [batch, heads, q, kv]
 // (~60 GFLOP/s; docs/performance.md). Here each (batch, kv head) pair is one work item on XLA's
-// intra-op threads: its products run in an AVX2 register tile (tile.h) over each four-row
-// block's key range only (its rows' first to last allowed key: the causal triangle and other
-// segments' keys are skipped), with the probabilities recomputed in the backward from the
-// forward's log-sum-exp (FlashAttention's recipe, without its tiling: a pair's [rows, keys]
-// scores fit in L2 at the lengths this serves). Same arithmetic as models/attention.py::_attend:
-// float32 scores of the scaled queries, max-subtracted softmax, masked keys excluded, zeros for a
-// row with none.
+// intra-op threads: its products run in a register tile (tile.h: AVX2, or AVX-512 where the CPU
+// has it) over each four-row block's key range only (its rows' first to last allowed key: the
+// causal triangle and other segments' keys are skipped), with the probabilities recomputed in
+// the backward from the forward's log-sum-exp (FlashAttention's recipe, without its tiling: a
+// pair's [rows, keys] scores fit in L2 at the lengths this serves). Same arithmetic as
+// models/attention.py::_attend: float32 scores of the scaled queries, max-subtracted softmax,
+// masked keys excluded, zeros for a row with none.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -44,7 +44,8 @@ struct Shape {
 
 #ifdef T5LIKE_X86
 using t5like::tile::Pack;
-using t5like::tile::Rows4;
+using t5like::tile::PanelWidth;
+using t5like::tile::Product4;
 
 // The first and last allowed key of a mask row of s keys (s % 8 == 0), eight at a time (a bool
 // is one byte, 0 or 1); false for a row with none.
@@ -88,12 +89,24 @@ void BlockRanges(const Shape& sh, const bool* mask, int64_t bi, int64_t gi,
   }
 }
 
+// Rows of a [B, T, H, D] array are H * D floats apart (2 KB and more), a stride the hardware
+// prefetchers follow poorly: the row ``kAhead`` rows on is asked for while this one is read.
+constexpr int64_t kAhead = 4;
+
+inline void PrefetchRow(const float* row, int64_t d) {
+  for (int64_t c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(row + c),
+                                                    _MM_HINT_T0);
+}
+
 // The pair's query rows times ``factor``, [rows, d].
 __attribute__((target("avx2,fma"))) void QueryRows(const Shape& sh, const float* q, int64_t bi,
                                                    int64_t gi, float factor, float* qs) {
+  const __m256 f8 = _mm256_set1_ps(factor);
   for (int64_t r = 0; r < sh.rows(); ++r) {
+    if (r + kAhead < sh.rows()) PrefetchRow(q + sh.q_at(bi, gi, r + kAhead), sh.d);
     const float* src = q + sh.q_at(bi, gi, r);
-    for (int64_t c = 0; c < sh.d; ++c) qs[r * sh.d + c] = src[c] * factor;
+    for (int64_t c = 0; c < sh.d; c += 8)
+      _mm256_storeu_ps(qs + r * sh.d + c, _mm256_mul_ps(_mm256_loadu_ps(src + c), f8));
   }
 }
 
@@ -111,7 +124,7 @@ __attribute__((target("avx2,fma"))) void Probabilities(
     const Shape& sh, const bool* mask, int64_t bi, int64_t gi, int64_t rb, int64_t lo,
     int64_t hi, const float* qs, const float* kt, float* p, const float* lse_in, float* lse_out) {
   float* p0 = p + rb * 4 * sh.s;
-  Rows4<false>(qs + rb * 4 * sh.d, sh.d, kt, sh.d, sh.s, p0, sh.s, 0, sh.d, lo, hi);
+  Product4<false>(qs + rb * 4 * sh.d, sh.d, kt, sh.d, sh.s, p0, sh.s, 0, sh.d, lo, hi);
   for (int64_t i = 0; i < 4; ++i) {
     const int64_t r = rb * 4 + i;
     const bool* m = sh.mask_row(mask, bi, gi, r);
@@ -175,15 +188,15 @@ __attribute__((target("avx2,fma"))) void ForwardPair(const Shape& sh, const floa
   p.resize(rows * s);
   lse_r.resize(rows);
   QueryRows(sh, q, bi, gi, 1.0f / std::sqrt(static_cast<float>(d)), qs.data());
-  Pack(k + sh.kv_at(bi, gi, 0), d, s, 1, sh.g * d, kt.data());  // k^T [d, s]
-  Pack(v + sh.kv_at(bi, gi, 0), s, d, sh.g * d, 1, vp.data());  // v [s, d]
+  Pack(k + sh.kv_at(bi, gi, 0), d, s, 1, sh.g * d, kt.data(), PanelWidth());  // k^T [d, s]
+  Pack(v + sh.kv_at(bi, gi, 0), s, d, sh.g * d, 1, vp.data(), PanelWidth());  // v [s, d]
   BlockRanges(sh, mask, bi, gi, lo, hi);
   for (int64_t rb = 0; rb < rows / 4; ++rb) {
     Probabilities(sh, mask, bi, gi, rb, lo[rb], hi[rb], qs.data(), kt.data(), p.data(),
                   nullptr, lse_r.data());
     // Four rows of one head: consecutive queries, H * D apart in out.
-    Rows4<false>(p.data() + rb * 4 * s, s, vp.data(), s, d, out + sh.q_at(bi, gi, rb * 4),
-                 sh.h * d, lo[rb], hi[rb], 0, d);
+    Product4<false>(p.data() + rb * 4 * s, s, vp.data(), s, d, out + sh.q_at(bi, gi, rb * 4),
+                    sh.h * d, lo[rb], hi[rb], 0, d);
   }
   for (int64_t r = 0; r < rows; ++r)
     lse[(bi * sh.h + gi * sh.hg() + r / sh.t) * sh.t + r % sh.t] = lse_r[r];
@@ -204,18 +217,24 @@ __attribute__((target("avx2,fma"))) void BackwardPair(
   lse_r.resize(rows);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   QueryRows(sh, q, bi, gi, scale, qs.data());
-  Pack(k + sh.kv_at(bi, gi, 0), d, s, 1, sh.g * d, kt.data());  // k^T [d, s]
-  Pack(v + sh.kv_at(bi, gi, 0), d, s, 1, sh.g * d, vt.data());  // v^T [d, s]
-  Pack(k + sh.kv_at(bi, gi, 0), s, d, sh.g * d, 1, kp.data());  // k [s, d], then / sqrt(d)
+  Pack(k + sh.kv_at(bi, gi, 0), d, s, 1, sh.g * d, kt.data(), PanelWidth());  // k^T [d, s]
+  Pack(v + sh.kv_at(bi, gi, 0), d, s, 1, sh.g * d, vt.data(), PanelWidth());  // v^T [d, s]
+  Pack(k + sh.kv_at(bi, gi, 0), s, d, sh.g * d, 1, kp.data(), PanelWidth());  // k [s, d] ...
+  // ... then / sqrt(d).
   for (float& x : kp) x *= scale;
   for (int64_t r = 0; r < rows; ++r) {
-    const float *g_r = dout + sh.q_at(bi, gi, r), *o_r = out + sh.q_at(bi, gi, r);
-    float dot = 0.0f;
-    for (int64_t c = 0; c < d; ++c) {
-      dor[r * d + c] = g_r[c];
-      dot += g_r[c] * o_r[c];
+    if (r + kAhead < rows) {
+      PrefetchRow(dout + sh.q_at(bi, gi, r + kAhead), d);
+      PrefetchRow(out + sh.q_at(bi, gi, r + kAhead), d);
     }
-    delta[r] = dot;  // sum_j p_j dp_j, the softmax gradient's shift.
+    const float *g_r = dout + sh.q_at(bi, gi, r), *o_r = out + sh.q_at(bi, gi, r);
+    __m256 dot8 = _mm256_setzero_ps();  // Eight partial sums (one chain is latency-bound).
+    for (int64_t c = 0; c < d; c += 8) {
+      const __m256 g8 = _mm256_loadu_ps(g_r + c);
+      _mm256_storeu_ps(dor.data() + r * d + c, g8);
+      dot8 = _mm256_fmadd_ps(g8, _mm256_loadu_ps(o_r + c), dot8);
+    }
+    delta[r] = t5like::HorizontalSum(dot8);  // sum_j p_j dp_j, the softmax gradient's shift.
     lse_r[r] = lse[(bi * sh.h + gi * sh.hg() + r / sh.t) * sh.t + r % sh.t];
   }
   BlockRanges(sh, mask, bi, gi, lo, hi);
@@ -223,16 +242,16 @@ __attribute__((target("avx2,fma"))) void BackwardPair(
     Probabilities(sh, mask, bi, gi, rb, lo[rb], hi[rb], qs.data(), kt.data(), p.data(),
                   lse_r.data(), nullptr);
     float* ds0 = ds.data() + rb * 4 * s;
-    Rows4<false>(dor.data() + rb * 4 * d, d, vt.data(), d, s, ds0, s, 0, d, lo[rb],
-                 hi[rb]);  // dP = dout v^T
+    Product4<false>(dor.data() + rb * 4 * d, d, vt.data(), d, s, ds0, s, 0, d, lo[rb],
+                    hi[rb]);  // dP = dout v^T
     for (int64_t i = 0; i < 4; ++i) {  // dS = P (dP - delta)
       const float* p_i = p.data() + (rb * 4 + i) * s;
       float* ds_i = ds0 + i * s;
       const float shift = delta[rb * 4 + i];
       for (int64_t j = lo[rb]; j < hi[rb]; ++j) ds_i[j] = p_i[j] * (ds_i[j] - shift);
     }
-    Rows4<false>(ds0, s, kp.data(), s, d, dq + sh.q_at(bi, gi, rb * 4), sh.h * d, lo[rb],
-                 hi[rb], 0, d);  // dq = dS k / sqrt(d)
+    Product4<false>(ds0, s, kp.data(), s, d, dq + sh.q_at(bi, gi, rb * 4), sh.h * d, lo[rb],
+                    hi[rb], 0, d);  // dq = dS k / sqrt(d)
   }
   // dk = dS^T (q / sqrt(d)) and dv = P^T dout, four keys at a time over the rows that reach
   // them, reading dS and P transposed (zeros outside each block's key range).
@@ -243,15 +262,15 @@ __attribute__((target("avx2,fma"))) void BackwardPair(
       std::fill(x + to, x + s, 0.0f);
     }
   }
-  Pack(qs.data(), rows, d, d, 1, qp.data());
-  Pack(dor.data(), rows, d, d, 1, dop.data());
+  Pack(qs.data(), rows, d, d, 1, qp.data(), PanelWidth());
+  Pack(dor.data(), rows, d, d, 1, dop.data(), PanelWidth());
   KeyBlockRows(sh, lo, hi, klo, khi);
   for (int64_t jb = 0; jb < s / 4; ++jb) {
     const int64_t r_lo = std::min(klo[jb], khi[jb]), r_hi = khi[jb];
-    Rows4<true>(ds.data() + jb * 4, s, qp.data(), rows, d, dk + sh.kv_at(bi, gi, jb * 4),
-                sh.g * d, r_lo, r_hi, 0, d);
-    Rows4<true>(p.data() + jb * 4, s, dop.data(), rows, d, dv + sh.kv_at(bi, gi, jb * 4),
-                sh.g * d, r_lo, r_hi, 0, d);
+    Product4<true>(ds.data() + jb * 4, s, qp.data(), rows, d, dk + sh.kv_at(bi, gi, jb * 4),
+                   sh.g * d, r_lo, r_hi, 0, d);
+    Product4<true>(p.data() + jb * 4, s, dop.data(), rows, d, dv + sh.kv_at(bi, gi, jb * 4),
+                   sh.g * d, r_lo, r_hi, 0, d);
   }
 }
 #endif

@@ -10,6 +10,10 @@ reads the forward's saved output instead of running the forward again.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -86,6 +90,48 @@ def test_kernel_equals_the_xla_core_forward_and_gradients(kernels, kind, monkeyp
   assert np.all(np.asarray(out)[~live_q] == 0) and np.all(np.asarray(grads[0])[~live_q] == 0)
   live_k = np.asarray(jnp.any(mask, axis=(1, 2)))  # [b, s]: keys some query may read.
   assert np.all(np.asarray(grads[1])[~live_k] == 0) and np.all(np.asarray(grads[2])[~live_k] == 0)
+
+
+def _causal_run(t: int, d: int) -> list[np.ndarray]:
+  """The kernel's causal core and its gradients at ``t`` queries and keys, head size ``d``:
+  [out, dq, dk, dv]."""
+  q, k, v, mask, _ = _case("causal", t=t, d=d)
+  cot = jnp.asarray(np.random.default_rng(4).standard_normal(q.shape), jnp.float32)
+  out, vjp = jax.vjp(lambda *a: attention_train.attend(*a, mask), q, k, v)
+  return [np.asarray(x) for x in (out, *vjp(cot))]
+
+
+# Run in a child (the kernels read T5LIKE_KERNELS_ISA once per process): argv t, d, output file.
+_CHILD = """
+import sys
+import numpy as np
+sys.path[:0] = sys.argv[4:]
+from test_cpu_train_attention import _causal_run
+np.savez(sys.argv[3], *_causal_run(int(sys.argv[1]), int(sys.argv[2])))
+"""
+
+
+@pytest.mark.parametrize("t,d", [(72, 64), (40, 48)])
+def test_avx512_and_avx2_tiles_give_the_same_bits(kernels, t, d, tmp_path, monkeypatch):
+  """tile.h's AVX-512 products (4 x 64 tiles over two full panels, 4 x 32, masked narrow panels
+  and half panels: keys 72 = 32 + 32 + 8, heads of 64 or 48 = 32 + 16) sum each output in the
+  AVX2 tiles' order, so the forward and gradients are the same bits as with the AVX2 tiles
+  forced (``T5LIKE_KERNELS_ISA=avx2``, in a child), and equal XLA's core. On a CPU without
+  AVX-512 both runs take the AVX2 tiles."""
+  got = _causal_run(t, d)
+  here = os.path.dirname(os.path.abspath(__file__))
+  env = {**os.environ, "T5LIKE_KERNELS_ISA": "avx2"}
+  subprocess.run([sys.executable, "-c", _CHILD, str(t), str(d), str(tmp_path / "avx2.npz"),
+                  here, os.path.dirname(here)], env=env, check=True)
+  with np.load(tmp_path / "avx2.npz") as avx2:
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, (avx2[f"arr_{i}"] for i in range(4))):
+      np.testing.assert_array_equal(a, b, err_msg=name)
+  q, k, v, mask, _ = _case("causal", t=t, d=d)
+  cot = jnp.asarray(np.random.default_rng(4).standard_normal(q.shape), jnp.float32)
+  monkeypatch.setenv(library.ENV_SWITCH, "0")
+  want, vjp = jax.vjp(lambda *a: attention.dot_product_attention(*a, mask, causal=True), q, k, v)
+  for name, a, b in zip(("out", "dq", "dk", "dv"), got, (want, *vjp(cot))):
+    assert_close_to_scale(a, b, REL, name)
 
 
 def test_callers_take_the_kernel_only_where_it_applies(kernels, monkeypatch):

@@ -52,15 +52,15 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Transpose8(
 }
 
 // b [k_len, n_len] (element (k, n) at x[k * k_stride + n * n_stride]) packed as panels of
-// ``panel`` (kPanel or kWidePanel) columns, each [k_len, panel] contiguous (the last one
+// ``width`` (kPanel or kWidePanel) columns, each [k_len, width] contiguous (the last one
 // narrower when n_len is not a multiple), so the products below read b sequentially. Either
 // stride is 1: rows (n_stride 1) are copied, columns (k_stride 1, a transpose) go through 8 x 8
 // register transposes; k_len and n_len are multiples of 8.
 inline __attribute__((target("avx2,fma"))) void Pack(const float* x, int64_t k_len, int64_t n_len,
                                               int64_t k_stride, int64_t n_stride, float* out,
-                                              int64_t panel = kPanel) {
-  for (int64_t n0 = 0; n0 < n_len; n0 += panel) {
-    const int64_t w = std::min(panel, n_len - n0);
+                                              int64_t width = kPanel) {
+  for (int64_t n0 = 0; n0 < n_len; n0 += width) {
+    const int64_t w = std::min(width, n_len - n0);
     float* panel = out + n0 * k_len;
     if (n_stride == 1) {
       for (int64_t k = 0; k < k_len; ++k)

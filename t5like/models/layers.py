@@ -170,11 +170,10 @@ def _lowp_bwd(b_contract, out_dtype, res, g_mn):
   # The weight gradient with only its left operand transposed (row-major, contracted on its
   # last axis; the right one contracted on its first, as a forward weight is): the same values
   # as transposing both, one [rows, features] copy fewer (products 1.06x alone on a Zen 4).
-  if b_contract == 0:  # b [K, N]: db = a^T g.
-    db = _dot(_transposed(a_mk), g_mn, 1, 0)
-  else:  # b [N, K] (the logits' table): db = (a^T g)^T, transposing a and the [K, N] result
-    # rather than g [M, N] (33 MB at a vocabulary of 8,192): 1.15x alone on a Zen 4.
-    db = _transposed(_dot(_transposed(a_mk), g_mn, 1, 0))
+  # b [N, K] (the logits' table): db = (a^T g)^T, transposing a and the [K, N] result rather
+  # than g [M, N] (33 MB at a vocabulary of 8,192): 1.15x alone on a Zen 4.
+  atg_kn = _dot(_transposed(a_mk), g_mn, 1, 0)
+  db = atg_kn if b_contract == 0 else _transposed(atg_kn)
   return da, db.astype(b.dtype)
 
 

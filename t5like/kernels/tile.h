@@ -52,13 +52,14 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Transpose8(
 }
 
 // b [k_len, n_len] (element (k, n) at x[k * k_stride + n * n_stride]) packed as panels of
-// ``width`` (kPanel or kWidePanel) columns, each [k_len, width] contiguous (the last one
-// narrower when n_len is not a multiple), so the products below read b sequentially. Either
-// stride is 1: rows (n_stride 1) are copied, columns (k_stride 1, a transpose) go through 8 x 8
-// register transposes; k_len and n_len are multiples of 8.
+// ``width`` columns (``PanelWidth()``: the width the tiles this CPU runs read), each
+// [k_len, width] contiguous (the last one narrower when n_len is not a multiple), so the
+// products below read b sequentially. Either stride is 1: rows (n_stride 1) are copied, columns
+// (k_stride 1, a transpose) go through 8 x 8 register transposes; k_len and n_len are multiples
+// of 8.
 inline __attribute__((target("avx2,fma"))) void Pack(const float* x, int64_t k_len, int64_t n_len,
                                               int64_t k_stride, int64_t n_stride, float* out,
-                                              int64_t width = kPanel) {
+                                              int64_t width) {
   for (int64_t n0 = 0; n0 < n_len; n0 += width) {
     const int64_t w = std::min(width, n_len - n0);
     float* panel = out + n0 * k_len;

@@ -17,11 +17,20 @@ its restart, both hosts of a two-process run, a trainer and the evaluation of it
 JAX keys each entry by the program, the devices and XLA_FLAGS, so optimised and fast-compiled
 programs never mix. ``T5LIKE_TEST_XLA_CACHE=0`` turns it off.
 """
+import importlib.metadata
 import os
 import tempfile
 
-FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true",
-         "--xla_cpu_use_fusion_emitters=false")
+
+def _jaxlib_before(major: int, minor: int) -> bool:
+  version = importlib.metadata.version("jaxlib").split(".")
+  return (int(version[0]), int(version[1])) < (major, minor)
+
+
+# jaxlib 0.11 (seen: 0.11.2 on a GPU machine's own image) no longer knows the fusion-emitter
+# switch, and XLA aborts every process on an unknown flag in XLA_FLAGS.
+FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true") + (
+    ("--xla_cpu_use_fusion_emitters=false",) if _jaxlib_before(0, 11) else ())
 
 
 def apply() -> None:

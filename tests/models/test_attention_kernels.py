@@ -70,6 +70,7 @@ def _loss_and_grads(family, overrides, batch, impl):
   return logits, grads
 
 
+@pytest.mark.backends("cpu", "tpu")  # Splash: interpret mode on CPU, a TPU kernel.
 @pytest.mark.parametrize("family, overrides, make_batch", CASES,
                          ids=["causal", "prefix", "gqa", "redllm", "mixed_head", "mixed_layer"])
 def test_splash_equals_xla_forward_and_gradients(family, overrides, make_batch):
@@ -81,6 +82,7 @@ def test_splash_equals_xla_forward_and_gradients(family, overrides, make_batch):
   assert_trees_close_to_scale(grads_s, grads_x)
 
 
+@pytest.mark.backends("cpu", "tpu")  # Splash: interpret mode on CPU, a TPU kernel.
 @pytest.mark.parametrize("kind, mixed", [("causal", "none"), ("bidirectional", "none"),
                                          ("cross", "none"), ("prefix", "none"),
                                          ("bidirectional", "per_head"),
@@ -103,6 +105,7 @@ def test_splash_kernel_matches_the_materialised_mask(kind, mixed):
     assert float(jnp.abs(out[0, -6:]).max()) == 0.0  # Padding queries give zeros, as on xla.
 
 
+@pytest.mark.backends("cpu", "tpu")  # Splash: interpret mode on CPU, a TPU kernel.
 def test_the_prefix_trick_sees_later_keys_only_inside_the_prefix():
   """A later key reaches a query exactly when both are in the same segment's prefix."""
   q = jnp.zeros((1, 128, 1, 8))

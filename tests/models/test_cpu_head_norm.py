@@ -17,6 +17,8 @@ from numerics import assert_close_to_scale
 from t5like.kernels import head_norm, library
 from t5like.models import norms, rotary
 
+pytestmark = pytest.mark.backends("cpu")  # XLA:CPU kernels (conftest.py).
+
 REL = 1e-5  # float32: summation order only (32 features; d scale over 768 rows).
 EPS = 1e-6
 

@@ -23,6 +23,8 @@ from t5like.inference import cache as cache_lib
 from t5like.kernels import few_row, library
 from t5like.models import layers
 
+pytestmark = pytest.mark.backends("cpu")  # XLA:CPU kernels (conftest.py).
+
 EPS32 = float(np.finfo(np.float32).eps)
 
 

@@ -22,6 +22,8 @@ from t5like.kernels import argmax as cpu_argmax
 from t5like.kernels import cache_attention, few_row, library
 from t5like.models.rotary import rotary_table
 
+pytestmark = pytest.mark.backends("cpu")  # XLA:CPU kernels (conftest.py).
+
 EPS32 = float(np.finfo(np.float32).eps)
 
 

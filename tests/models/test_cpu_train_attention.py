@@ -24,6 +24,8 @@ from numerics import assert_close_to_scale
 from t5like.kernels import attention_train, library
 from t5like.models import attention, masks
 
+pytestmark = pytest.mark.backends("cpu")  # XLA:CPU kernels (conftest.py).
+
 REL = 1e-5  # float32, summation order only: scores over at most 72 keys of 64 features.
 # bfloat16 operands: the kernel computes in float32, XLA's core rounds the scaled queries, the
 # probabilities and its products' outputs to bfloat16 (8 bits of mantissa, ~0.4 % a rounding).

@@ -19,26 +19,29 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_CREATED_CACHE, ignore_errors=True)
 
 
-# The longest modules (seconds of test time on a 2-core AMD EPYC Zen 3, 2026-11-25), run first:
-# `make test` hands whole modules to its two workers (`--dist loadscope`, kept for the module
-# fixtures) in collection order (`--no-loadscope-reorder`), so starting with the longest ones lets
-# both workers finish together instead of one waiting for the other's last long module. A module
-# missing from the list only runs later.
+# The longest modules (seconds of test time on a 2-core Intel Xeon in a slow stretch, 2026-11-27),
+# run first: `make test` hands whole modules to its two workers (`--dist loadscope`, kept for the
+# module fixtures) in collection order (`--no-loadscope-reorder`), so starting with the longest
+# ones lets both workers finish together instead of one waiting for the other's last long module.
+# A module missing from the list only runs later.
 LONGEST_FIRST = (
-    "training/test_train_embedded.py",  # 134
-    "training/test_train_resume.py",  # 131
-    "models/test_attention_kernels.py",  # 73
-    "evaluation/test_checkpoint_eval.py",  # 69
-    "data/test_pipeline.py",  # 66
-    "training/test_paper_presets.py",  # 60
-    "models/test_fast_paths.py",  # 59
-    "models/test_positions_and_stacks.py",  # 53
-    "training/test_train_multidevice.py",  # 47
-    "training/test_train_step.py",  # 47
-    "inference/test_generate.py",  # 37
-    "training/test_train_multiprocess.py",  # 33
-    "training/test_aot.py",  # 29
-    "test_quiet_startup.py",  # 27
+    "data/test_pipeline.py",  # 164
+    "evaluation/test_checkpoint_eval.py",  # 153
+    "training/test_train_embedded.py",  # 143, one test
+    "inference/test_generate.py",  # 128
+    "training/test_train_resume.py",  # 125
+    "models/test_positions_and_stacks.py",  # 125
+    "models/test_fast_paths.py",  # 115
+    "training/test_train_multidevice.py",  # 104
+    "models/test_attention_kernels.py",  # 96
+    "training/test_train_multiprocess.py",  # 73
+    "training/test_train_step.py",  # 72
+    "data/test_tfds_builder.py",  # 67
+    "experiments/test_runner.py",  # 64
+    "inference/test_cached_logits.py",  # 59
+    "test_quiet_startup.py",  # 59
+    "data/test_paper_scale.py",  # 51
+    "training/test_aot.py",  # 47
 )
 
 

@@ -23,7 +23,8 @@ def test_print_config_and_a_two_step_run_print_no_error_lines(tmp_path):
   run = ["--config", os.path.join(ROOT, "configs", "tiny_decllm.py"), "--workdir",
          str(tmp_path / "run"), "--config.train.steps=2", "--config.train.eval_steps=1",
          "--config.checkpoint.every=2", "--config.train.batch_size=2",
-         "--config.model.d_model=32", "--config.model.num_heads=1", "--config.model.d_ff=64"]
+         "--config.model.d_model=32", "--config.model.num_heads=1", "--config.model.d_ff=64",
+         "--config.model.num_layers=1"]
   assert _stderr_errors(run, tmp_path) == []
 
 

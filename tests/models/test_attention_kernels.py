@@ -51,8 +51,12 @@ CASES = [
     ("decllm", dict(decoder_attention="prefix"), _packed_decllm),
     ("decllm", dict(num_kv_heads=2), _packed_decllm),
     ("redllm", dict(), _packed_redllm),
-    ("redllm", dict(mixed_attention="per_head", attn_out_norm_scope="all_heads"), _packed_redllm),
-    ("redllm", dict(mixed_attention="per_layer", num_kv_heads=1), _packed_redllm),
+    # The mixed masks through the whole model (the kernel's mixed masks alone are checked in the
+    # default suite by test_splash_kernel_matches_the_materialised_mask): ``-m slow``.
+    pytest.param("redllm", dict(mixed_attention="per_head", attn_out_norm_scope="all_heads"),
+                 _packed_redllm, marks=pytest.mark.slow),
+    pytest.param("redllm", dict(mixed_attention="per_layer", num_kv_heads=1), _packed_redllm,
+                 marks=pytest.mark.slow),
 ]
 
 

@@ -2,8 +2,10 @@
 
 The reference is one uninterrupted run of N steps. Every other run uses the same config, so the
 per-step losses and the final checkpoint must match it bit for bit (CPU, same executable).
-The SIGKILL test reads the embedded corpus through the real seqio/tf.data pipeline, so the
-restored data position is the tf.data iterator checkpoint; the others use synthetic data.
+The SIGKILL test runs on synthetic data and, with ``-m slow``, on the embedded corpus through the
+real seqio/tf.data pipeline, where the restored data position is the tf.data iterator checkpoint
+(that restore is also checked in-process by tests/data/test_pipeline.py); the others use
+synthetic data.
 """
 from __future__ import annotations
 
@@ -65,19 +67,21 @@ def _assert_same_final_state(a, b):
     np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
 
 
-def test_sigkill_and_restart_reproduce_the_uninterrupted_run(pipeline_reference, tmp_path):
-  reference = pipeline_reference
+@pytest.mark.parametrize("data", ["synthetic", pytest.param("pipeline", marks=pytest.mark.slow)])
+def test_sigkill_and_restart_reproduce_the_uninterrupted_run(data, request, tmp_path):
+  reference = request.getfixturevalue("reference" if data == "synthetic" else "pipeline_reference")
   ref = losses_by_step(str(reference))
   assert sorted(ref) == list(range(1, STEPS + 1))
   assert all(len(v) == 1 for v in ref.values())
-  assert len({v[0] for v in ref.values()}) == STEPS  # Real data: every batch differs.
+  assert len({v[0] for v in ref.values()}) == STEPS  # Every batch differs.
 
-  killed = _run(tmp_path, check=False, kill_at_step=6, data="pipeline")
+  killed = _run(tmp_path, check=False, kill_at_step=6, data=data)
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
   assert checkpoint_steps(str(tmp_path)) == [4]  # Killed after step 6: only step 4 is saved.
-  data_state = tmp_path / "checkpoints" / "4" / "data" / "process_0"
-  assert any(f.startswith("data_iterator-") for f in os.listdir(data_state))  # tf.data state.
-  resumed = _run(tmp_path, data="pipeline")
+  if data == "pipeline":
+    data_state = tmp_path / "checkpoints" / "4" / "data" / "process_0"
+    assert any(f.startswith("data_iterator-") for f in os.listdir(data_state))  # tf.data state.
+  resumed = _run(tmp_path, data=data)
   assert '"resumed_from_step": 4' in resumed.stdout
 
   got = losses_by_step(str(tmp_path))

@@ -10,8 +10,8 @@ The data flags a user must give are given as a user would: ``data.data_dir``, ``
 ``data.validation_holdout`` (the generated RedPajama has no validation files; some FLAN tasks do;
 30% so that the tiny corpus holds out a full 2048-token stream of each subset).
 All five distinct data set-ups run with ``-m slow`` (each a minute or more: the paper pipeline's
-cold start of 7 subsets or 5 FLAN sub-mixtures, and a first checkpoint that waits for its
-in-flight reads); the default suite checks that a preset without validation data, or without
+cold start of 7 subsets or 5 FLAN sub-mixtures, and a first checkpoint that waits on its warm-up,
+docs/data.md); the default suite checks that a preset without validation data, or without
 a vocabulary, stops with the flag to set before anything compiles. The presets' data at paper
 lengths is checked by tests/data/test_paper_scale.py.
 """

@@ -12,6 +12,10 @@ fused step (XLA:CPU's per-kernel trace events, ``--xla_cpu_enable_xprof_traceme`
   all. The last is not always idle: a dot thunk that XLA runs on Eigen (e.g. a weight gradient
   contracted on its operands' first axis) is traced only while it is dispatched, its work on
   the pool's threads is not;
+- the step by model part (attention projections and core, MLP, norms + RoPE, masks,
+  embedding + logits + loss, residual stream, optimizer, the step's own guard and metrics):
+  each kernel is charged to the module of the innermost source frame that ``PART_RULES``
+  names, the backward pass to the part whose forward made it;
 - thread-milliseconds of kernels per step (the machine has two threads of them per second on
   a two-core host), matmuls against the rest;
 - the costliest non-matmul kernels grouped by the JAX operation that made them (the HLO's
@@ -70,6 +74,83 @@ def hlo_kernels(hlo: str) -> dict[str, tuple[str, bool]]:
   return out
 
 
+# The part of the model a kernel belongs to, from the innermost frame of its source stack (the
+# compiled module's stack-frame tables) that one of these rules names: (file, function name
+# fragment or "" for any) -> part. Frames in files no rule names (``layers.py``'s matmul
+# helpers, JAX itself) are skipped, so a product is charged to the module that asked for it.
+PART_RULES = (
+    ("/kernels/head_norm.py", "", "norms + RoPE"), ("/models/norms.py", "", "norms + RoPE"),
+    ("/models/rotary.py", "", "norms + RoPE"),
+    ("/models/attention.py", "norm_and_rotate", "norms + RoPE"),
+    ("/models/masks.py", "", "masks"), ("/kernels/attention_train.py", "", "attention core"),
+    ("/models/attention_kernels.py", "", "attention core"),
+    ("/models/attention.py", "project_", "attention projections"),
+    ("/models/attention.py", "", "attention core"), ("/models/mlp.py", "", "MLP (SwiGLU)"),
+    ("/models/embedding.py", "", "embedding, logits + loss"),
+    ("/models/losses.py", "", "embedding, logits + loss"),
+    ("/training/adafactor.py", "", "optimizer"), ("/training/optimizer.py", "", "optimizer"),
+    ("/optax/", "", "optimizer"),
+    ("/models/blocks.py", "", "residual stream"), ("/models/stack.py", "", "residual stream"),
+    ("/models/decllm.py", "", "residual stream"), ("/models/redllm.py", "", "residual stream"),
+    ("/training/step.py", "", "step: loss scale, finite guard, metrics"),
+    ("/training/state.py", "", "step: loss scale, finite guard, metrics"),
+)
+PARTS = tuple(dict.fromkeys(part for *_, part in PART_RULES)) + ("other",)
+
+
+def _table(hlo: str, name: str) -> dict[int, str]:
+  block = re.search(rf"\n{name}\n(.*?)\n\n", hlo, re.S)
+  return dict((int(i), rest) for i, rest in
+              (line.split(" ", 1) for line in (block[1].splitlines() if block else [])))
+
+
+def hlo_parts(hlo: str) -> dict[str, str]:
+  """Instruction name -> model part (``PART_RULES``) from its ``stack_frame_id``: the module
+  text's StackFrames table gives each frame's location and parent (``parent_frame_id`` is the
+  parent's id + 1, 1 at the outermost frame), FileLocations its file and function."""
+  files = {i: v.strip('"') for i, v in _table(hlo, "FileNames").items()}
+  funcs = {i: v.strip('"') for i, v in _table(hlo, "FunctionNames").items()}
+  locations = {}
+  for i, v in _table(hlo, "FileLocations").items():
+    ids = dict(re.findall(r"(\w+)=(\d+)", v))
+    locations[i] = (files[int(ids["file_name_id"])], funcs[int(ids["function_name_id"])])
+  frames = {i: tuple(int(x) for x in re.findall(r"=(\d+)", v))
+            for i, v in _table(hlo, "StackFrames").items()}
+
+  def part(frame: int) -> str:
+    seen = set()
+    while frame in frames and frame not in seen:
+      seen.add(frame)
+      location, parent = frames[frame]
+      path, func = locations[location]
+      for file, fragment, name in PART_RULES:
+        if file in path and fragment in func:
+          return name
+      frame = parent - 1
+    return "other"
+
+  parts = {name: part(int(frame)) for name, frame in
+           re.findall(r"\n\s*%([\w.\-]+) = [^\n]*stack_frame_id=(\d+)", hlo)}
+  # A fusion XLA made without a source frame (e.g. a convert joined to an add): the part most
+  # of the instructions it calls come from.
+  computations = dict(re.findall(r"\n(%[\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo, re.S))
+  for name, called in re.findall(r"\n\s*%([\w.\-]+) = [^\n]*calls=(%[\w.\-]+)", hlo):
+    inner = collections.Counter(parts[n] for n in re.findall(r"%([\w.\-]+) = ",
+                                                             computations.get(called, ""))
+                                if n in parts)
+    if name not in parts and inner:
+      parts[name] = inner.most_common(1)[0][0]
+  # What is still without one (a layout copy, a wrapped reduce-window): the part of the first
+  # instruction that reads it, e.g. a transpose made for a weight gradient's product.
+  lines = re.findall(r"\n\s*%([\w.\-]+) = [^\n]*?\(([^\n]*)", hlo)
+  for _ in range(3):
+    for name, rest in lines:
+      for operand in re.findall(r"%([\w.\-]+)", rest):
+        if operand not in parts and name in parts:
+          parts[operand] = parts[name]
+  return parts
+
+
 def kernel_events(trace_dir: str) -> list[tuple[int, int, str, str]]:
   """(start ns, end ns, thread, kernel name) of every XLA:CPU kernel in the trace."""
   path = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0]
@@ -84,15 +165,19 @@ def kernel_events(trace_dir: str) -> list[tuple[int, int, str, str]]:
   return events
 
 
-def wall_split(events, kernels) -> tuple[collections.Counter, collections.Counter]:
+def wall_split(events, kernels, parts=None
+               ) -> tuple[collections.Counter, collections.Counter, collections.Counter]:
   """Nanoseconds of the traced span during which a matmul runs, only other kernels run, or
-  none does; and per kernel name, its share of the "only other kernels" time (split evenly
-  between the kernels running together): what the step would lose without it."""
+  none does; per kernel name, its share of the "only other kernels" time (split evenly
+  between the kernels running together): what the step would lose without it; and per
+  (model part, is a matmul), the whole span split evenly between the kernels running at each
+  instant (``parts``: kernel name -> part; the shares sum to the traced time with a kernel)."""
   is_dot = [kernels.get(name, ("", False))[1] for *_, name in events]
+  part = [(parts or {}).get(name, "other") for *_, name in events]
   points = sorted([(s, 1, i) for i, (s, *_) in enumerate(events)]
                   + [(e, -1, i) for i, (_, e, *_) in enumerate(events)])
   running: set[int] = set()
-  split, exposed = collections.Counter(), collections.Counter()
+  split, exposed, by_part = (collections.Counter() for _ in range(3))
   prev = points[0][0]
   for t, delta, i in points:
     if any(is_dot[j] for j in running):
@@ -103,9 +188,11 @@ def wall_split(events, kernels) -> tuple[collections.Counter, collections.Counte
         exposed[events[j][3]] += (t - prev) / len(running)
     else:
       split["no traced kernel"] += t - prev
+    for j in running:
+      by_part[part[j], is_dot[j]] += (t - prev) / len(running)
     prev = t
     (running.add if delta > 0 else running.discard)(i)
-  return split, exposed
+  return split, exposed, by_part
 
 
 def main() -> None:
@@ -135,7 +222,8 @@ def main() -> None:
                        setup.batch_sharding, cfg.train.batch_size)
   with jax.set_mesh(mesh), partitioning.axis_rules():
     step = step_lib.make_train_step(setup).lower(state, batch).compile()
-  kernels = hlo_kernels(step.as_text())
+  hlo = step.as_text()
+  kernels = hlo_kernels(hlo)
   for _ in range(2):
     state, _ = step(state, batch)
   jax.block_until_ready(state)
@@ -149,7 +237,7 @@ def main() -> None:
     raise SystemExit(f"no XLA:CPU kernel events in {trace_dir}: XLA_FLAGS must hold {_FLAG} "
                      "before jax starts (this script adds it unless XLA_FLAGS names it already)")
   n = args.steps
-  split, exposed = wall_split(events, kernels)
+  split, exposed, by_part = wall_split(events, kernels, hlo_parts(hlo))
   span = sum(split.values())
   print(f"{args.config} ({args.dtype}), {n} traced steps, {span / n / 1e6:.0f} ms a step "
         f"traced; trace in {trace_dir}\n")
@@ -157,6 +245,15 @@ def main() -> None:
   for state_name in ("matmul", "other kernels only", "no traced kernel"):
     print(f"| {state_name} | {split[state_name] / n / 1e6:.0f} | "
           f"{split[state_name] / span:.0%} |")
+  print("\nThe step by model part (each instant's wall time split evenly between the kernels "
+        "running then; the backward pass is charged to the part whose forward made it):\n")
+  print("| part | matmul ms | other kernels ms | share of the step |\n|---|---|---|---|")
+  for part in sorted(PARTS, key=lambda p: -(by_part[p, True] + by_part[p, False])):
+    ms = [by_part[part, dot] / n / 1e6 for dot in (True, False)]
+    if sum(ms) > 0:
+      print(f"| {part} | {ms[0]:.0f} | {ms[1]:.0f} | {sum(ms) * 1e6 * n / span:.0%} |")
+  print(f"| no traced kernel (incl. the work of dot thunks run on Eigen's threads) | | "
+        f"{split['no traced kernel'] / n / 1e6:.0f} | {split['no traced kernel'] / span:.0%} |")
   thread_ms = collections.Counter()
   groups, counts, alone = collections.Counter(), collections.Counter(), collections.Counter()
   for s, e, _, name in events:

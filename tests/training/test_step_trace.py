@@ -17,14 +17,15 @@ from train_helpers import REPO, tiny_config
 
 @pytest.fixture(scope="module")
 def step_trace():
-  # The module adds a trace flag to XLA_FLAGS at import (for jax in its own process): keep this
-  # process's environment, which later subprocess tests inherit, as it was.
-  flags = os.environ.get("XLA_FLAGS")
+  # At import the benchmark adds a trace flag to XLA_FLAGS (for jax in its own process) and its
+  # folders to sys.path: keep this process's environment (which later subprocess tests inherit)
+  # and import path as they were.
+  flags, path = os.environ.get("XLA_FLAGS"), list(sys.path)
   sys.path.insert(0, os.path.join(REPO, "benchmarks"))
   try:
     import step_trace
   finally:
-    sys.path.pop(0)
+    sys.path[:] = path
     if flags is None:
       os.environ.pop("XLA_FLAGS", None)
     else:

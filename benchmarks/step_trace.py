@@ -195,6 +195,21 @@ def wall_split(events, kernels, parts=None
   return split, exposed, by_part
 
 
+def print_parts(by_part: collections.Counter, untraced_ns: float, steps: int,
+                span_ns: float) -> None:
+  """The table of the step by model part (``wall_split``'s third result), per step."""
+  print("\nThe step by model part (each instant's wall time split evenly between the kernels "
+        "running then; the backward pass is charged to the part whose forward made it):\n")
+  print("| part | matmul ms | other kernels ms | share of the step |\n|---|---|---|---|")
+  for part in sorted(PARTS, key=lambda p: -(by_part[p, True] + by_part[p, False])):
+    ns = [by_part[part, dot] for dot in (True, False)]
+    if sum(ns) > 0:
+      print(f"| {part} | {ns[0] / steps / 1e6:.0f} | {ns[1] / steps / 1e6:.0f} | "
+            f"{sum(ns) / span_ns:.0%} |")
+  print(f"| no traced kernel (incl. the work of dot thunks run on Eigen's threads) | | "
+        f"{untraced_ns / steps / 1e6:.0f} | {untraced_ns / span_ns:.0%} |")
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -245,15 +260,7 @@ def main() -> None:
   for state_name in ("matmul", "other kernels only", "no traced kernel"):
     print(f"| {state_name} | {split[state_name] / n / 1e6:.0f} | "
           f"{split[state_name] / span:.0%} |")
-  print("\nThe step by model part (each instant's wall time split evenly between the kernels "
-        "running then; the backward pass is charged to the part whose forward made it):\n")
-  print("| part | matmul ms | other kernels ms | share of the step |\n|---|---|---|---|")
-  for part in sorted(PARTS, key=lambda p: -(by_part[p, True] + by_part[p, False])):
-    ms = [by_part[part, dot] / n / 1e6 for dot in (True, False)]
-    if sum(ms) > 0:
-      print(f"| {part} | {ms[0]:.0f} | {ms[1]:.0f} | {sum(ms) * 1e6 * n / span:.0%} |")
-  print(f"| no traced kernel (incl. the work of dot thunks run on Eigen's threads) | | "
-        f"{split['no traced kernel'] / n / 1e6:.0f} | {split['no traced kernel'] / span:.0%} |")
+  print_parts(by_part, split["no traced kernel"], n, span)
   thread_ms = collections.Counter()
   groups, counts, alone = collections.Counter(), collections.Counter(), collections.Counter()
   for s, e, _, name in events:

@@ -1,4 +1,5 @@
 """eval.py's core: restore a train.py checkpoint and score held-out data per task."""
+import importlib.util
 import json
 import os
 
@@ -58,10 +59,13 @@ def test_decllm_scored_on_the_same_target_tokens_as_redllm(runs):
   assert dec_all["eval_tokens"] > 1.5 * dec["eval_tokens"]  # All tokens vs the target halves.
 
 
-def test_missing_checkpoint_is_a_clear_error(tmp_path):
+def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
   with pytest.raises(FileNotFoundError, match="expected <workdir>/checkpoints/<step>/state"):
     evaluate_checkpoint(str(tmp_path))
-  import subprocess, sys  # noqa: E401
-  proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--workdir",
-                         str(tmp_path / "nope")], capture_output=True, text=True)
-  assert proc.returncode == 2 and "eval error" in proc.stderr
+  # The command line's main(), in-process (a subprocess would spend its seconds on imports).
+  spec = importlib.util.spec_from_file_location("eval_cli", os.path.join(ROOT, "eval.py"))
+  eval_cli = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(eval_cli)
+  assert eval_cli.main(["--workdir", str(tmp_path / "nope")]) == 2
+  err = capsys.readouterr().err
+  assert "eval error" in err and "checkpoints" in err

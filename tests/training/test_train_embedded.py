@@ -1,21 +1,26 @@
 """End to end on the embedded real data (seqio pipeline): the held-out loss of a tiny DecLLM and a
 tiny RedLLM falls well below the unigram entropy of the embedded corpus's target tokens.
 
-The default suite runs a shrunk RedLLM (about a minute); ``-m slow`` the same for DecLLM and the
-shipped ``configs/tiny_*.py`` as they are (minutes). One family by default keeps the suite under
-its 15 minutes: the optimizer, loss and pipeline that learning needs are shared, and DecLLM's
-training is exercised end to end by the default suite's bit-exact SIGKILL resume on this
-pipeline (tests/training/test_train_resume.py).
+The default suite runs a shrunk RedLLM (about a minute) through ``train.py`` itself, as a user
+starts it (TensorFlow's and JAX's logging left as they are), so the same run also checks that a
+CPU run prints no error-level log line (tests/test_quiet_startup.py has the rest of that check).
+``-m slow`` runs the same for DecLLM and the shipped ``configs/tiny_*.py`` as they are (minutes).
+One family by default keeps the suite under its 15 minutes: the optimizer, loss and pipeline that
+learning needs are shared, and DecLLM's training is exercised end to end by the default suite's
+bit-exact SIGKILL resume on this pipeline (tests/training/test_train_resume.py).
 """
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
 from t5like.config import load_config
 from t5like.training.data import PipelineData, unigram_entropy
-from train_helpers import REPO, read_metrics, run_training
+from test_quiet_startup import error_lines
+from train_helpers import REPO, read_metrics, run_training, subprocess_env
 
 
 def _held_out_entropy(cfg) -> float:
@@ -26,32 +31,46 @@ def _held_out_entropy(cfg) -> float:
   return unigram_entropy(batches)
 
 
-def _quick(name: str, steps: int):
+def _quick_overrides(steps: int) -> list[str]:
   """The shipped tiny config, shrunk: d_model 64, 64-token rows, ``steps`` steps of 8 rows."""
-  cfg = load_config(os.path.join(REPO, "configs", name), [
-      "model.d_model=64", "model.num_heads=2", "model.d_ff=256", "model.num_layers=2",
-      "model.num_encoder_layers=1", "model.num_decoder_layers=1", "data.sequence_length=64",
-      "data.inputs_length=32", "data.targets_length=32", f"train.steps={steps}",
-      "train.warmup_steps=10", "train.batch_size=8", "train.eval_steps=4", "train.eval_every=0",
-      "train.log_every=50", "checkpoint.every=0", "train.progress_bar=false"])
-  return cfg
+  return ["model.d_model=64", "model.num_heads=2", "model.d_ff=256", "model.num_layers=2",
+          "model.num_encoder_layers=1", "model.num_decoder_layers=1", "data.sequence_length=64",
+          "data.inputs_length=32", "data.targets_length=32", f"train.steps={steps}",
+          "train.warmup_steps=10", "train.batch_size=8", "train.eval_steps=4",
+          "train.eval_every=0", "train.log_every=50", "checkpoint.every=0",
+          "train.progress_bar=false"]
+
+
+def _train_py(config: str, overrides: list[str], workdir: str) -> subprocess.CompletedProcess:
+  """``python train.py`` as a user runs it: XLA's default optimisation (a few hundred steps run
+  ~3x faster than with the suite's fast-compile flags; tests/fast_compile.py) and TensorFlow's
+  C++ logging at its default level."""
+  env = subprocess_env(optimize=True)
+  del env["TF_CPP_MIN_LOG_LEVEL"]
+  proc = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--config",
+                         os.path.join(REPO, "configs", config), "--workdir", workdir,
+                         *[f"--config.{o}" for o in overrides]],
+                        cwd=workdir, env=env, capture_output=True, text=True, timeout=500)
+  assert proc.returncode == 0, proc.stderr[-5000:]
+  return proc
 
 
 # RedLLM gets more steps: it sees half as many target tokens per row (32 of 64).
 @pytest.mark.parametrize("name,steps", [pytest.param("tiny_decllm.py", 200, marks=pytest.mark.slow),
                                         ("tiny_redllm.py", 300)])
 def test_loss_falls_well_below_unigram_entropy(name, steps, tmp_path):
-  cfg = _quick(name, steps)
+  overrides = _quick_overrides(steps)
+  cfg = load_config(os.path.join(REPO, "configs", name), overrides)
   entropy = _held_out_entropy(cfg)
   assert 6.0 < entropy < 8.0  # ~6.8 nats for the 8k SentencePiece vocab on this corpus.
-  # A few hundred steps: run with XLA's default optimisation (~3x faster steps than the suite's
-  # fast-compile flags; tests/fast_compile.py).
-  result = run_training(cfg, str(tmp_path), data="pipeline", optimize=True)
-  first_loss = read_metrics(str(tmp_path))[0]["loss"]
-  assert first_loss > entropy  # It starts above the unigram baseline (random init)...
-  print(f"{name}: held-out loss {result['eval_loss']:.3f}, unigram entropy {entropy:.3f}")
-  assert result["eval_loss"] < entropy - 0.5, (result["eval_loss"], entropy)  # ...ends below.
-  assert result["eval_batches"] == cfg.train.eval_steps
+  proc = _train_py(name, overrides, str(tmp_path))
+  assert error_lines(proc.stderr) == []  # A CPU run starts (and trains) quietly.
+  metrics = read_metrics(str(tmp_path))
+  assert metrics[0]["loss"] > entropy  # It starts above the unigram baseline (random init)...
+  (final,) = [m for m in metrics if "eval_loss" in m]  # eval_every=0: one eval, at the end.
+  assert final["step"] == steps and final["eval_batches"] == cfg.train.eval_steps
+  print(f"{name}: held-out loss {final['eval_loss']:.3f}, unigram entropy {entropy:.3f}")
+  assert final["eval_loss"] < entropy - 0.5, (final["eval_loss"], entropy)  # ...ends below.
 
 
 @pytest.mark.slow

@@ -62,50 +62,66 @@ def _fwd_bwd(module_fn):
 
 
 def breakdown(name: str, dtype: str, reps: int) -> list[tuple[str, float]]:
+  """(piece, seconds per step) rows: the model's pieces, the rest of loss-and-gradient, the
+  optimizer update, and the whole train step last."""
   cfg = CONFIGS[name]()
   cfg.model.dtype = dtype
-  m = cfg.model
   mesh = partitioning.make_mesh(cfg.mesh)
   setup = state_lib.build_setup(cfg, mesh)
-  state = state_lib.init_state(setup)
   batch = global_batch(next(SyntheticData(cfg).train(cfg.train.batch_size, 0, 1)),
                        setup.batch_sharding, cfg.train.batch_size)
-  train_step = step_lib.make_train_step(setup)
-  box = [state]  # The step donates its state: carry the new one.
-
-  def run_step(b):
-    box[0], metrics = train_step(box[0], b)
-    return metrics
-  whole = _time(run_step, batch, reps=reps)
-  state = box[0]
+  state, whole = _whole_step(setup, batch, reps)
 
   def loss(params, b):
     return step_lib._loss_terms(setup, params, b, None, cfg.train.z_loss).loss
   grad = jax.jit(jax.grad(loss))
   with jax.set_mesh(mesh), partitioning.axis_rules():
     loss_grad = _time(grad, state.params, batch, reps=reps)
+  rows = _attention_pieces(cfg.model, batch, reps) + _other_pieces(cfg, batch, reps)
+  rows.append(("rest of loss-and-gradient (adds, scan, layout)",
+               max(0.0, loss_grad - sum(v for _, v in rows))))
+  with jax.set_mesh(mesh), partitioning.axis_rules():
+    rows.append(("optimizer update, clipping, guards (own jit)",
+                 _optimizer_update(setup, state, grad(state.params, batch), reps)))
+  rows.append(("whole train step", whole))
+  return rows
 
-  dt = jnp.dtype(dtype)
-  b, t = batch["decoder_input_tokens"].shape
-  # Per-layer attention calls (queries, keys, mask kind): DecLLM layers (a prefix mask timed as
-  # bidirectional); RedLLM encoder self, decoder self + cross.
+
+def _whole_step(setup, batch, reps: int):
+  """(the state after the timed steps, median seconds of one whole train step)."""
+  train_step = step_lib.make_train_step(setup)
+  box = [state_lib.init_state(setup)]  # The step donates its state: carry the new one.
+
+  def run_step(b):
+    box[0], metrics = train_step(box[0], b)
+    return metrics
+  whole = _time(run_step, batch, reps=reps)
+  return box[0], whole
+
+
+def _attention_calls(m, batch) -> list[tuple[int, int, str]]:
+  """Per-layer attention calls (queries, keys, mask kind) of one forward pass: DecLLM layers (a
+  prefix mask timed as bidirectional); RedLLM encoder self, decoder self + cross."""
+  t = batch["decoder_input_tokens"].shape[1]
   enc_t = batch.get("encoder_input_tokens", batch["decoder_input_tokens"]).shape[1]
   if m.family == "decllm":
     kind = "causal" if m.decoder_attention == "causal" else "bidirectional"
-    attn_calls, mlp_calls = [(t, t, kind)] * m.num_layers, m.num_layers
-  else:
-    attn_calls = ([(enc_t, enc_t, "bidirectional")] * m.num_encoder_layers
-                  + [(t, t, "causal")] * m.num_decoder_layers
-                  + [(t, enc_t, "cross")] * m.num_decoder_layers)
-    mlp_calls = m.num_encoder_layers + m.num_decoder_layers
-  rngs = nnx.Rngs(0)
+    return [(t, t, kind)] * m.num_layers
+  return ([(enc_t, enc_t, "bidirectional")] * m.num_encoder_layers
+          + [(t, t, "causal")] * m.num_decoder_layers
+          + [(t, enc_t, "cross")] * m.num_decoder_layers)
+
+
+def _attention_pieces(m, batch, reps: int) -> list[tuple[str, float]]:
+  """Projections, Q/K/V norms + RoPE and the attention core, summed over every attention call
+  of a step (each distinct (queries, keys, mask) shape timed once)."""
+  dt = jnp.dtype(m.dtype)
+  b = batch["decoder_input_tokens"].shape[0]
   key = jax.random.key(1)
-  rows = []
+  gdef, aparams = nnx.split(Attention(m, rngs=nnx.Rngs(0)))
   cache: dict = {}
   proj = core = normrope = 0.0
-  attn = Attention(m, rngs=rngs)
-  gdef, aparams = nnx.split(attn)
-  for tq, tk, kind in attn_calls:
+  for tq, tk, kind in _attention_calls(m, batch):
     causal = kind == "causal"  # Query blocks skip later keys (``dot_product_attention``).
     if (tq, tk, kind) not in cache:
       xq = jax.random.normal(key, (b, tq, m.d_model), dt)
@@ -117,9 +133,6 @@ def breakdown(name: str, dtype: str, reps: int) -> list[tuple[str, float]]:
               else masks.self_attention_mask(seg_q, kind=kind))
       q = jax.random.normal(key, (b, tq, m.num_heads, m.head_dim), dt)
       k = jax.random.normal(key, (b, tk, m.kv_heads, m.head_dim), dt)
-
-      def full(p, xq, xk):
-        return nnx.merge(gdef, p)(xq, xk, pq, pk, mask, causal=causal)
 
       def projections(p, xq, xk):
         a = nnx.merge(gdef, p)
@@ -136,52 +149,54 @@ def breakdown(name: str, dtype: str, reps: int) -> list[tuple[str, float]]:
       def attention_core(q, k, v):
         return dot_product_attention(q, k, v, mask, causal=causal)
       cache[(tq, tk, kind)] = (
-          _time(_fwd_bwd(full), aparams, xq, xk, reps=reps),
           _time(_fwd_bwd(projections), aparams, xq, xk, reps=reps),
           _time(_fwd_bwd(norm_rope), aparams, q, k, reps=reps),
           _time(_fwd_bwd(attention_core), q, k, k, reps=reps))
-    _, p_, n_, c_ = cache[(tq, tk, kind)]
+    p_, n_, c_ = cache[(tq, tk, kind)]
     proj, normrope, core = proj + p_, normrope + n_, core + c_
-  rows += [("attention projections (Q/K/V/out)", proj), ("Q/K/V norms + RoPE", normrope),
-           ("attention core (scores, mask, softmax, PV)", core)]
-  x = jax.random.normal(key, (b, t, m.d_model), dt)
-  mlp = SwiGLU(m, rngs=rngs)
-  g, mp = nnx.split(mlp)
-  rows.append(("SwiGLU MLP", mlp_calls * _time(_fwd_bwd(lambda p, x: nnx.merge(g, p)(x)), mp, x,
-                                                reps=reps)))
-  norm = RMSNorm((m.d_model,), ("embed",), eps=m.norm_eps, param_dtype=m.param_dtype, rngs=rngs)
-  g, np_ = nnx.split(norm)
-  norms = len(attn_calls) + mlp_calls + (2 if m.family == "redllm" else 1)
+  return [("attention projections (Q/K/V/out)", proj), ("Q/K/V norms + RoPE", normrope),
+          ("attention core (scores, mask, softmax, PV)", core)]
+
+
+def _other_pieces(cfg, batch, reps: int) -> list[tuple[str, float]]:
+  """The SwiGLU MLPs, the pre-norms, logits + loss and the embedding gathers of one step."""
+  m = cfg.model
+  b, t = batch["decoder_input_tokens"].shape
+  rngs = nnx.Rngs(0)
+  x = jax.random.normal(jax.random.key(1), (b, t, m.d_model), jnp.dtype(m.dtype))
+  attn_calls = len(_attention_calls(m, batch))
+  mlp_calls = (m.num_layers if m.family == "decllm"
+               else m.num_encoder_layers + m.num_decoder_layers)
+  g, mp = nnx.split(SwiGLU(m, rngs=rngs))
+  rows = [("SwiGLU MLP", mlp_calls * _time(_fwd_bwd(lambda p, x: nnx.merge(g, p)(x)), mp, x,
+                                           reps=reps))]
+  g, np_ = nnx.split(RMSNorm((m.d_model,), ("embed",), eps=m.norm_eps,
+                             param_dtype=m.param_dtype, rngs=rngs))
+  norms = attn_calls + mlp_calls + (2 if m.family == "redllm" else 1)
   rows.append(("RMSNorm pre-norms", norms * _time(_fwd_bwd(lambda p, x: nnx.merge(g, p)(x)), np_,
                                                   x, reps=reps)))
-  emb = TiedEmbedding(m, rngs=rngs)
-  g, ep = nnx.split(emb)
-  targets = batch["decoder_target_tokens"]
+  g, ep = nnx.split(TiedEmbedding(m, rngs=rngs))
+  targets, tokens = batch["decoder_target_tokens"], batch["decoder_input_tokens"]
 
   def logits_loss(p, x):
     e = nnx.merge(g, p)
     return cross_entropy_with_z_loss(e.logits(x), targets, None, cfg.train.z_loss).loss
   rows.append(("logits + cross-entropy (tied table)",
                _time(_fwd_bwd(logits_loss), ep, x, reps=reps)))
-  tokens = batch["decoder_input_tokens"]
   rows.append(("embedding gather", (2 if m.family == "redllm" else 1) * _time(
       _fwd_bwd(lambda p: nnx.merge(g, p).embed(tokens)), ep, reps=reps)))
-  rows.append(("rest of loss-and-gradient (adds, scan, layout)",
-               max(0.0, loss_grad - sum(v for _, v in rows))))
+  return rows
 
-  # Timed on its own: "whole step - loss/grad" differs two separately compiled programs and
-  # swung by tens of ms (it read 26 % of a tiny step whose update alone takes ~6 ms).
+
+def _optimizer_update(setup, state, grads, reps: int) -> float:
+  """The optimizer update with clipping and the finite guard, timed on its own: "whole step -
+  loss/grad" differs two separately compiled programs and swung by tens of ms (it read 26 % of
+  a tiny step whose update alone takes ~6 ms)."""
   def update(params, opt_state, g):
     updates, new_opt = setup.tx.update(g, opt_state, params)
     new = jax.tree.map(lambda p, u: p + (1e-3 * u).astype(p.dtype), params, updates)
     return new, new_opt, state_lib.all_finite(new), optax.tree.norm(g)
-
-  with jax.set_mesh(mesh), partitioning.axis_rules():
-    grads = grad(state.params, batch)
-    rows.append(("optimizer update, clipping, guards (own jit)",
-                 _time(jax.jit(update), state.params, state.opt_state, grads, reps=reps)))
-  rows.append(("whole train step", whole))
-  return rows
+  return _time(jax.jit(update), state.params, state.opt_state, grads, reps=reps)
 
 
 def main() -> None:

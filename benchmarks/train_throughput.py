@@ -261,7 +261,7 @@ def with_mfu(rows: list[dict], configured: float) -> list[dict]:
   return out
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--steps", type=int, default=10)
@@ -276,7 +276,12 @@ def main() -> None:
                        "step each, --steps rounds): same-run ratios on a drifting host")
   ap.add_argument("--compile_scaling", action="store_true",
                   help="compile time of a scanned 32-layer vs 4-layer small DecLLM")
-  args = ap.parse_args()
+  return ap.parse_args()
+
+
+def _measure_rows(args) -> list[dict]:
+  """One row per (config, dtype), and per peer dtype with --peer: measured one after the other,
+  or with --alternate prepared first and timed in alternating rounds."""
   names = [n for n in (args.only.split(",") if args.only else CONFIGS) if n]
   rows, systems = [], []
   for name in names:
@@ -313,7 +318,10 @@ def main() -> None:
     rows = alternate(systems, args.steps)
     for dtype in args.dtypes.split(","):
       refresh_peak(args.peak, dtype)
-  rows = with_mfu(rows, args.peak)
+  return with_mfu(rows, args.peak)
+
+
+def _print_table(rows: list[dict], args) -> None:
   peak = args.peak or flops.peak_flops_per_device(0.0, "float32") * jax.device_count()
   print(f"\ndevice: {jax.devices()[0].device_kind} x {jax.device_count()}; "
         f"FLOPs: docs/flops.md convention; median of {args.steps} steps"
@@ -325,27 +333,39 @@ def main() -> None:
   print("| " + " | ".join(head) + " |")
   print("|" + "|".join("---" for _ in head) + "|")
   for r in rows:
+    mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] == r["mfu"] else "-"  # NaN: the peer's rows.
     print(f"| {r['config']} | {r['family']} | {r['params_m']:.2f} | {r['dtype']} | {r['shape']} "
-          f"| {r['step_ms']:.0f} | {r['tokens_s']:,.0f} | {r['gflops']:.0f} | "
-          f"{100 * r['mfu']:.1f}% | {r['compile_s']:.1f} |")
+          f"| {r['step_ms']:.0f} | {r['tokens_s']:,.0f} | {r['gflops']:.0f} | {mfu} "
+          f"| {r['compile_s']:.1f} |")
+
+
+def _print_peer_ratios(rows: list[dict]) -> None:
+  """small_decllm's tokens/s over transformers': best against best, then dtype by dtype."""
   peer_rows = [r for r in rows if r["config"].startswith("transformers")]
+  ours = [r for r in rows if r["config"].startswith("small_decllm")]
+  if not peer_rows or not ours:
+    return
   peers = {r["dtype"]: r for r in peer_rows if "autocast" not in r["config"]}
   mixed = {r["dtype"]: r for r in peer_rows if "autocast" in r["config"]}
-  if peer_rows:
-    best_peer = max(peer_rows, key=lambda r: r["tokens_s"])
-    ours = [r for r in rows if r["config"].startswith("small_decllm")]
-    if ours:
-      best = max(ours, key=lambda r: r["tokens_s"])
-      print(f"\n{best['config']} best ({best['dtype']}) / transformers best "
-            f"({best_peer['dtype']}{' autocast' if 'autocast' in best_peer['config'] else ''}): "
-            f"{best['tokens_s'] / best_peer['tokens_s']:.2f}x")
-      for r in ours:
-        if r["dtype"] in peers:
-          print(f"{r['config']} {r['dtype']} / transformers {r['dtype']}: "
-                f"{r['tokens_s'] / peers[r['dtype']]['tokens_s']:.2f}x")
-        if r["dtype"] in mixed:
-          print(f"{r['config']} {r['dtype']} / transformers {r['dtype']} autocast (same "
-                f"precision): {r['tokens_s'] / mixed[r['dtype']]['tokens_s']:.2f}x")
+  best_peer = max(peer_rows, key=lambda r: r["tokens_s"])
+  best = max(ours, key=lambda r: r["tokens_s"])
+  print(f"\n{best['config']} best ({best['dtype']}) / transformers best "
+        f"({best_peer['dtype']}{' autocast' if 'autocast' in best_peer['config'] else ''}): "
+        f"{best['tokens_s'] / best_peer['tokens_s']:.2f}x")
+  for r in ours:
+    if r["dtype"] in peers:
+      print(f"{r['config']} {r['dtype']} / transformers {r['dtype']}: "
+            f"{r['tokens_s'] / peers[r['dtype']]['tokens_s']:.2f}x")
+    if r["dtype"] in mixed:
+      print(f"{r['config']} {r['dtype']} / transformers {r['dtype']} autocast (same "
+            f"precision): {r['tokens_s'] / mixed[r['dtype']]['tokens_s']:.2f}x")
+
+
+def main() -> None:
+  args = _parse_args()
+  rows = _measure_rows(args)
+  _print_table(rows, args)
+  _print_peer_ratios(rows)
   if args.compile_scaling:
     (l4, c4), (l32, c32) = compile_scaling()
     print(f"\ncompile of the scanned small DecLLM step: {l4} layers {c4:.1f} s, {l32} layers "

@@ -1,10 +1,10 @@
 """eval.py's core: restore a train.py checkpoint and score held-out data per task."""
-import importlib.util
 import json
 import os
 
 import pytest
 
+from cli_scripts import load_script
 from t5like.config import load_config
 from t5like.evaluation.checkpoint_eval import evaluate_checkpoint, format_report
 from t5like.training import run
@@ -62,10 +62,6 @@ def test_decllm_scored_on_the_same_target_tokens_as_redllm(runs):
 def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
   with pytest.raises(FileNotFoundError, match="expected <workdir>/checkpoints/<step>/state"):
     evaluate_checkpoint(str(tmp_path))
-  # The command line's main(), in-process (a subprocess would spend its seconds on imports).
-  spec = importlib.util.spec_from_file_location("eval_cli", os.path.join(ROOT, "eval.py"))
-  eval_cli = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(eval_cli)
-  assert eval_cli.main(["--workdir", str(tmp_path / "nope")]) == 2
+  assert load_script("eval.py").main(["--workdir", str(tmp_path / "nope")]) == 2
   err = capsys.readouterr().err
   assert "eval error" in err and "checkpoints" in err

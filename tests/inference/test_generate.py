@@ -5,7 +5,6 @@ does, and eval.py prints completions of a checkpoint.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from cli_scripts import load_script
 from helpers import tiny_model
 from t5like.inference import Generator, SamplingConfig, generate
 from t5like.inference import generation as gen
@@ -224,9 +224,7 @@ def test_eval_py_prints_completions_of_a_checkpoint(tmp_path, capsys):
   assert block.split("\n--- [2]", 1)[0] == vocab.decode(want)
 
   # Bad input, in-process (same main() as the command line).
-  spec = importlib.util.spec_from_file_location("eval_cli", os.path.join(REPO, "eval.py"))
-  eval_cli = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(eval_cli)
+  eval_cli = load_script("eval.py")
   assert eval_cli.main(cmd[2:-2] + ["--max_new_tokens", "0"]) == 2
   assert "max_new_tokens must be >= 1" in capsys.readouterr().err
   assert eval_cli.main(cmd[2:] + ["--config.model.d_model=64"]) == 2

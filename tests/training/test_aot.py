@@ -3,7 +3,6 @@ CPU devices, the memory check that stops a run before its first step, and — wi
 (``make test-aot``) — compiles for TPU topologies that do not exist here."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import sys
 import jax
 import pytest
 
+from cli_scripts import load_script
 from t5like.config import ConfigError
 from t5like.training import aot, flops, run
 from t5like.training.data import SyntheticData
@@ -54,12 +54,8 @@ def test_a_step_that_cannot_fit_stops_before_it_runs(tmp_path):
 
 def test_train_py_compile_only_prints_the_report_and_writes_nothing(tmp_path, monkeypatch,
                                                                    capsys):
-  # The command line's main(), in-process (a subprocess would spend its seconds on imports).
-  spec = importlib.util.spec_from_file_location("train_cli", os.path.join(REPO, "train.py"))
-  train_cli = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(train_cli)
   monkeypatch.chdir(tmp_path)
-  code = train_cli.main(["--config", os.path.join(REPO, "configs", "tiny_redllm.py"),
+  code = load_script("train.py").main(["--config", os.path.join(REPO, "configs", "tiny_redllm.py"),
                          "--compile_only"])
   out = capsys.readouterr().out
   assert code == 0, out

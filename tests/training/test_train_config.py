@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from cli_scripts import load_script
 from t5like.config import ConfigError, load_config
 from train_helpers import REPO
 
@@ -101,10 +102,7 @@ def test_bad_train_values_are_rejected_with_the_key(override, match):
 
 
 def test_cli_parses_overrides_in_both_forms():
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("train_cli", os.path.join(REPO, "train.py"))
-  cli = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(cli)
+  cli = load_script("train.py")
   args, overrides = cli.parse_args(["--workdir", "/tmp/x", "--config.train.steps=7",
                                     "--config.mesh.fsdp", "2"])
   assert args.workdir == "/tmp/x" and args.config.endswith("configs/tiny_decllm.py")

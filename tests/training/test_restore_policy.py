@@ -8,6 +8,7 @@ a transient storage error is retried and sets nothing aside.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import shutil
 
@@ -21,9 +22,20 @@ from t5like.training.data import SyntheticData
 from train_helpers import tiny_config
 
 # A damaged file fails Orbax's reads inside its async loop; the coroutines dropped then (and the
-# closed loop they call back into) are reported as unraisable whenever they are collected, in
-# whichever test of this module runs at that moment.
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+# closed loop they call back into) are reported as unraisable, with a RuntimeWarning, whenever
+# they are collected.
+pytestmark = [pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+              pytest.mark.filterwarnings("ignore:coroutine '_read_array_index_and_device_put' "
+                                         "was never awaited:RuntimeWarning")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_dropped_reads():
+  """Collects them before the module ends, under its filter: left for pytest's collection at the
+  end of the session (or the next module's tests), each printed a traceback there."""
+  yield
+  gc.collect()
+
 
 FILES = {  # kind -> path inside checkpoints/8 (a glob picks the largest match)
     "array data": "state/ocdbt.process_0/d/*",

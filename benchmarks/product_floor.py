@@ -8,11 +8,14 @@ steps, in one run: how much of the gap to PyTorch is the product library's speed
 Lists every 2-D product of the step from the model config (per layer: the attention
 projections, SwiGLU's gate, up and down; the logits), each as its forward ``x @ W``, its input
 gradient ``g @ W^T`` and its weight gradient ``x^T @ g`` (the attention core runs in its own
-kernel and is not listed). Each product is jitted alone (XLA:CPU's default path) and, where torch
-is installed (never a dependency of this project), run as the same ``torch`` expression, which
-on Intel CPUs calls MKL. Rounds alternate the two systems product by product, and time both
-whole train steps (``train_throughput.py``'s ``prepare`` and ``prepare_peer``; the peer only
-at the ``small_decllm`` shapes) in the same rounds, so every number saw the same host.
+kernel and is not listed). Each product is jitted alone as a plain expression (XLA:CPU picks its
+form; the step's own forms, e.g. ``layers._cpu_nt_matmul`` for the logits, can differ) and,
+where torch is installed (never a dependency of this project), run as the same ``torch``
+expression, which on Intel CPUs calls MKL. Float32 is the comparison this is for (bf16 products
+give float32 results on XLA's side, as in the step, and bf16 on PyTorch's). Rounds alternate
+the two systems product by product and time both whole train steps (``train_throughput.py``'s
+``prepare`` and ``prepare_peer``; the peer only at the ``small_decllm`` shapes) in the same
+rounds, so every number saw the same host.
 
 Prints per product the GFLOP/s of each side and its milliseconds per step (median over rounds),
 then the steps, "the rest" (step minus its products alone) and what the t5like step would take
@@ -91,30 +94,36 @@ def step_products(m: ModelConfig, batch: int, dec_len: int, enc_len: int) -> lis
   return list(products.values())
 
 
-def _operands(p: Product, dtype) -> tuple[np.ndarray, np.ndarray]:
+def _operands(p: Product) -> tuple[np.ndarray, np.ndarray]:
   rng = np.random.default_rng(0)
   shapes = {"nn": ((p.m, p.k), (p.k, p.n)), "nt": ((p.m, p.k), (p.n, p.k)),
             "tn": ((p.k, p.m), (p.k, p.n))}[p.form]
-  return tuple(rng.standard_normal(s, np.float32).astype(dtype) for s in shapes)
+  return tuple(rng.standard_normal(s, np.float32) for s in shapes)
 
 
-_EXPR = {"nn": lambda a, b: a @ b, "nt": lambda a, b: a @ b.T, "tn": lambda a, b: a.T @ b}
+_OPERANDS = {"nn": lambda a, b: (a, b), "nt": lambda a, b: (a, b.T), "tn": lambda a, b: (a.T, b)}
+
+
+def _xla(form: str):
+  """The product as the step computes it: float32 accumulation for bf16 operands too."""
+  return jax.jit(lambda a, b: jnp.matmul(*_OPERANDS[form](a, b),
+                                         preferred_element_type=jnp.float32))
 
 
 def product_runners(p: Product, dtype: str) -> dict:
   """One call of ``p`` per system (each already run once): "xla", and "torch" when installed."""
-  a, b = _operands(p, np.float32)
+  a, b = _operands(p)
   ja, jb = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
-  f = jax.jit(_EXPR[p.form])
+  f = _xla(p.form)
   f(ja, jb).block_until_ready()
   runners = {"xla": lambda: f(ja, jb).block_until_ready()}
   try:
     import torch
   except ImportError:
     return runners
-  ta, tb = (torch.from_numpy(x).to(getattr(torch, dtype)) for x in (a, b))
-  _EXPR[p.form](ta, tb)
-  runners["torch"] = lambda: _EXPR[p.form](ta, tb)
+  ta, tb = _OPERANDS[p.form](*(torch.from_numpy(x).to(getattr(torch, dtype)) for x in (a, b)))
+  torch.matmul(ta, tb)
+  runners["torch"] = lambda: torch.matmul(ta, tb)
   return runners
 
 
@@ -124,7 +133,7 @@ def _timed(fn) -> float:
   return time.perf_counter() - t
 
 
-def measure(args) -> tuple[list[Product], dict, dict]:
+def measure(args) -> tuple[list[Product], list[dict], dict]:
   """Median seconds per call of every product and of both steps, over alternating rounds."""
   cfg = tt.CONFIGS[args.config]()
   cfg.model.dtype = args.dtype
@@ -134,9 +143,10 @@ def measure(args) -> tuple[list[Product], dict, dict]:
   products = step_products(cfg.model, cfg.train.batch_size, dec, enc)
   runners = [product_runners(p, args.dtype) for p in products]
   steps = {"t5like": tt.prepare(args.config, cfg)[1]}
-  peer = tt.prepare_peer(args.dtype) if cfg.model.family == "decllm" else None
-  if peer is not None and (cfg.model.d_model, cfg.model.num_layers) == (512, 4):
-    steps["transformers"] = peer[1]  # Only where the peer has the same shapes (small_*).
+  if args.config.startswith("small_decllm"):  # The peer's shapes (``prepare_peer``).
+    peer = tt.prepare_peer(args.dtype)
+    if peer is not None:
+      steps["transformers"] = peer[1]
   prod_t = [{s: [] for s in r} for r in runners]
   step_t = {s: [] for s in steps}
   for r in range(args.rounds):

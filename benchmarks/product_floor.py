@@ -19,8 +19,9 @@ rounds, so every number saw the same host.
 
 Prints per product the GFLOP/s of each side and its milliseconds per step (median over rounds),
 then the steps, "the rest" (step minus its products alone) and what the t5like step would take
-with every product at PyTorch's speed: an upper bound on what any change outside the product
-library can win against PyTorch on this host.
+with every product at PyTorch's speed: what the product library's speed alone is worth. Inside
+a fused step two products often run side by side, so the sums overstate the products' share of
+the step (``step_trace.py`` gives the in-step share); compare them side to side, as printed.
 """
 from __future__ import annotations
 

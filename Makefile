@@ -64,10 +64,10 @@ $(eval $(call extra_venv,$(GPU_VENV),gpu))
 test-gpu: $(GPU_STAMP)
 	$(GPU_PY) -m pytest -q -p no:cacheprovider -m gpu $(PYTEST_ARGS)
 
-# The paper table of README "Before renting a pod": every paper config compiled for v5p-128 and
-# v5e-256 (about 1-2 hours on 2 cores; resumes from runs/tpu_table.json).
+# The paper table of docs/pods.md: every paper config compiled for v5p-128 and v5e-256 (a few
+# hours on 2 cores; resumes from runs/tpu_table.json).
 tpu-table: $(TPU_STAMP)
-	ALLOW_MULTIPLE_LIBTPU_LOAD=1 $(TPU_PY) -m t5like.tools.tpu_table --readme README.md \
+	ALLOW_MULTIPLE_LIBTPU_LOAD=1 $(TPU_PY) -m t5like.tools.tpu_table --readme docs/pods.md \
 	  --splash_configs decllm_1b redllm_1b decllm_prefix_1b_flan $(TABLE_ARGS)
 
 bench: $(STAMP)

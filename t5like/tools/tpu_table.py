@@ -4,15 +4,16 @@ slices a user would rent, with the microbatches / remat policy / mesh that make 
 Usage (needs libtpu: ``pip install -e '.[tpu]'``, or ``make tpu-table``)::
 
   python -m t5like.tools.tpu_table --topologies v5p-128 v5e-256 \
-      --results runs/tpu_table.json [--markdown TABLE.md] [--readme README.md]
+      --results runs/tpu_table.json [--markdown TABLE.md] [--readme docs/pods.md]
 
 For each config and slice it compiles candidate settings in order of predicted MFU (fewest
 microbatches and least recomputation first) and keeps the first that fits with the headroom
 ``aot.HEADROOM``. Candidates that the per-device estimates already put far over the chip's HBM
 are skipped without compiling. Results are appended to ``--results`` after each compile, so an
-interrupted table resumes where it stopped. ``--readme`` rewrites the block between
-``<!-- tpu-table -->`` and ``<!-- /tpu-table -->``: rows with a result in ``--results`` are
-replaced or added, the block's other rows are kept (so a new slice or config is one more run).
+interrupted table resumes where it stopped. ``--readme PAGE`` (the table's home: docs/pods.md)
+rewrites the page's block between ``<!-- tpu-table -->`` and ``<!-- /tpu-table -->``: rows with a
+result in ``--results`` are replaced or added, the block's other rows are kept (so a new slice or
+config is one more run).
 """
 from __future__ import annotations
 
@@ -227,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--report_only", action="store_true",
                   help="compile nothing: the table of what --results already holds")
   ap.add_argument("--markdown", default="")
-  ap.add_argument("--readme", default="")
+  ap.add_argument("--readme", default="",
+                  help="a page with a tpu-table block to rewrite (the table's home: docs/pods.md)")
   args = ap.parse_args(argv)
   candidates = [_parse_candidate(c) for c in args.candidates]
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

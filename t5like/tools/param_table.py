@@ -1,4 +1,4 @@
-"""Prints the parameter-count table of the paper's ten configs (README "Parameter counts").
+"""Prints the parameter-count table of the paper's ten configs (docs/architecture.md).
 
 Usage: ``python -m t5like.tools.param_table``. Counts come from the analytic formula and from the
 abstractly built model (``nnx.eval_shape``: shapes only, no memory), which must agree.

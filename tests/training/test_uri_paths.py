@@ -2,7 +2,7 @@
 the path (no local ``gs:`` directory appears), and every epath-based writer and reader of
 the project (train.log, metrics.jsonl, config lookups, step discovery, eval reports) is run on
 ``gs://`` paths with etils' own epath mock redirecting them to a local directory. Orbax's
-array files go through TensorStore's GCS driver, which this test does not reach (README)."""
+array files go through TensorStore's GCS driver, which this test does not reach (docs/checkpoints.md)."""
 from __future__ import annotations
 
 import json

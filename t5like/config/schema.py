@@ -13,8 +13,10 @@ import types
 import typing
 from typing import Any
 
+from t5like.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
   """A config key or value that cannot be used; the message says what to change."""
 
 

@@ -35,6 +35,8 @@ from typing import Any, Iterator
 import numpy as np
 from etils import epy
 
+from t5like.errors import UserError
+
 with epy.lazy_imports():  # TensorFlow loads on first use: listing names stays cheap.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -56,11 +58,11 @@ BAD_KINDS = ("invalid_json", "missing_field", "empty_text", "invalid_utf8")
 POLICIES = ("skip", "error")
 
 
-class LayoutError(FileNotFoundError):
+class LayoutError(UserError, FileNotFoundError):
   """A corpus directory or shard glob that does not exist; the message names the layout."""
 
 
-class BadRecordError(ValueError):
+class BadRecordError(UserError, ValueError):
   """A bad record under the "error" policy; the message names the file, line and kind."""
 
 

@@ -15,6 +15,8 @@ import os
 import pathlib
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Union
 
+from t5like.errors import UserError
+
 if TYPE_CHECKING:  # pragma: no cover
   import seqio
 
@@ -133,6 +135,10 @@ def train_sentencepiece(
   return model_path
 
 
+class VocabularyError(UserError, FileNotFoundError):
+  """A ``data.vocab_path`` that holds no SentencePiece model."""
+
+
 def resolve_vocab_path(path: str | os.PathLike = "") -> pathlib.Path | str:
   """Returns the model path: ``path`` itself (local or ``gs://``), or the embedded vocabulary."""
   if not str(path):
@@ -141,7 +147,7 @@ def resolve_vocab_path(path: str | os.PathLike = "") -> pathlib.Path | str:
 
   resolved = epath.Path(path)
   if not resolved.is_file():
-    raise FileNotFoundError(f"SentencePiece model not found: {path} (data.vocab_path); build one "
+    raise VocabularyError(f"SentencePiece model not found: {path} (data.vocab_path); build one "
                             "with python -m t5like.tools.build_vocab")
   return resolved if isinstance(resolved, pathlib.Path) else str(path)
 

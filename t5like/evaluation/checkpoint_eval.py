@@ -9,55 +9,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import jax
 from etils import epath
 
-from t5like import partitioning, paths
-from t5like.config import Config, ConfigError, apply_dict, apply_overrides
-from t5like.evaluation.perplexity import held_out_metrics, pad_rows
-
-
-def load_checkpoint_config(step_dir: str, overrides: Iterable[str] = ()) -> Config:
-  """The resolved config stored with a checkpoint, with ``overrides`` applied, validated."""
-  from t5like.training import checkpointing
-  saved = checkpointing.read_step_config(step_dir)
-  if saved is None:
-    raise ConfigError(f"{step_dir} has no stored config (expected {step_dir}/config/metadata)")
-  cfg = apply_dict(Config(), saved)
-  cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, 1  # Whatever devices evaluate it.
-  apply_overrides(cfg, overrides)
-  return cfg.validate()
-
-
-def find_step_dir(path: str, step: int | None = None) -> str:
-  """A workdir / checkpoints dir / step dir (and optionally a step) -> that step's directory."""
-  from t5like.training import checkpointing
-  if step is not None:
-    base = epath.Path(paths.resolve(path))
-    for root in (base / "checkpoints", base):
-      if (root / str(step) / checkpointing.STATE).is_dir():
-        return os.fspath(root / str(step))
-    raise FileNotFoundError(f"no checkpoint for step {step} under {path} "
-                            f"(expected {path}/checkpoints/{step}/state)")
-  try:
-    return checkpointing.resolve_step_dir(path)
-  except FileNotFoundError:
-    raise FileNotFoundError(
-        f"no checkpoint found under {path!r}; expected <workdir>/checkpoints/<step>/state "
-        "as written by train.py") from None
-
-
-def restore_model(path: str, *, step: int | None = None, overrides: Sequence[str] = ()):
-  """(model, config, step_dir): the nnx model of a checkpoint with its stored config."""
-  from flax import nnx
-  from t5like.training import checkpointing, state as state_lib
-  step_dir = find_step_dir(path, step)
-  cfg = load_checkpoint_config(step_dir, overrides)
-  setup = state_lib.build_setup(cfg, partitioning.make_mesh(cfg.mesh))
-  params = checkpointing.restore_params(step_dir, setup.abstract_state.params)
-  return nnx.merge(setup.graphdef, params), cfg, step_dir
+from t5like import partitioning
+from t5like.config import ConfigError
+from t5like.training.held_out import held_out_metrics, pad_rows
+from t5like.training.restore import find_step_dir, load_checkpoint_config
 
 
 def child_names(mixture: str) -> list[str]:

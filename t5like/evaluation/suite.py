@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from etils import epath
 
+from t5like.config import ConfigError
 from t5like.evaluation import bigbench, cost
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def evaluate_one(path: str, suites: Sequence[str], *, step: int | None, tasks, s
                  cost_lengths: Sequence[tuple[int, int]]) -> dict[str, Any]:
   from t5like.config import to_json
   from t5like.data.vocab import get_vocabulary
-  from t5like.evaluation.checkpoint_eval import restore_model
+  from t5like.training.restore import restore_model
   from t5like.evaluation.downstream import score_tasks
   model, cfg, step_dir = restore_model(path, step=step, overrides=["data.objective=prefix"])
   tag = epath.Path(path).name or "model"
@@ -109,12 +110,12 @@ def run_suite(paths: Sequence[str], suites: Sequence[str], *, output_dir: str,
               cost_lengths: Sequence[tuple[int, int]] = ((128, 64), (512, 128))) -> dict:
   bad = [s for s in suites if s not in SUITES]
   if bad:
-    raise ValueError(f"unknown suite(s) {bad}; choose from {', '.join(SUITES)}")
+    raise ConfigError(f"unknown --suite {bad}; choose from {', '.join(SUITES)}")
   out = epath.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
   seqio_cfg = None
   if any(t.startswith(bigbench.SEQIO_PREFIX) for t in task_paths):
-    from t5like.evaluation.checkpoint_eval import find_step_dir, load_checkpoint_config
+    from t5like.training.restore import find_step_dir, load_checkpoint_config
     seqio_cfg = load_checkpoint_config(find_step_dir(paths[0], step))  # Its data settings.
   tasks, task_errors = bigbench.load_tasks(list(task_paths) or [bigbench.shipped_tasks_dir()],
                                            seqio_cfg)

@@ -24,7 +24,7 @@ def _summary(result: dict[str, Any], rows: int, output_dir: str) -> list[dict[st
         and saved.get("rows") == rows):  # The same training (spec and resolved config).
       return saved["layers"]
   from t5like.evaluation import attention_analysis as aa
-  from t5like.evaluation.checkpoint_eval import restore_model
+  from t5like.training.restore import restore_model
   model, cfg, _ = restore_model(result["workdir"], overrides=["data.objective=prefix"])
   maps = aa.attention_maps(model, aa.held_out_batch(cfg, rows))
   layers = aa.summarize(maps)

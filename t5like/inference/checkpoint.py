@@ -1,4 +1,4 @@
-"""Loading a train.py checkpoint for generation (the restore is ``checkpoint_eval``'s)."""
+"""Loading a train.py checkpoint for generation (the restore is ``t5like.training.restore``'s)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -12,7 +12,7 @@ def load_model(path: str, *, step: int | None = None, overrides: Sequence[str] =
   The model is rebuilt from the config stored with the checkpoint (``overrides`` on top); a
   config whose parameter shapes differ from the saved ones is a ``ConfigError`` naming both.
   """
-  from t5like.evaluation.checkpoint_eval import restore_model
+  from t5like.training.restore import restore_model
   try:
     return restore_model(path, step=step, overrides=overrides)
   except (ValueError, KeyError, TypeError) as e:

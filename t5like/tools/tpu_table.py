@@ -27,6 +27,7 @@ from typing import Any
 
 from etils import epath
 
+from t5like import cli
 from t5like.config import Config, ConfigError, load_config
 from t5like.training import aot
 
@@ -70,7 +71,7 @@ def search(base: Config, chip: aot.Chip, devices, log=print, max_compiles: int =
         continue
       try:
         mesh = partitioning.make_mesh(cfg.mesh, devices)
-        from t5like.training.loop import check_batch_layout
+        from t5like.training.state import check_batch_layout
         check_batch_layout(cfg, mesh)
         setup = state_lib.build_setup(cfg, mesh)
       except ConfigError as e:
@@ -230,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--markdown", default="")
   ap.add_argument("--readme", default="",
                   help="a page with a tpu-table block to rewrite (the table's home: docs/pods.md)")
+  cli.add_debug_argument(ap)
   args = ap.parse_args(argv)
   candidates = [_parse_candidate(c) for c in args.candidates]
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -272,4 +274,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(cli.guard(main))

@@ -221,8 +221,7 @@ def compile_report(cfg: Config, devices: Sequence[Any] | None = None, *,
   """Compiles the train (and eval) step of ``cfg`` for ``devices``; returns the report dict."""
   devices = list(jax.devices() if devices is None else devices)
   mesh = partitioning.make_mesh(cfg.mesh, devices)
-  from t5like.training.loop import check_batch_layout
-  check_batch_layout(cfg, mesh)
+  state_lib.check_batch_layout(cfg, mesh)
   setup = state_lib.build_setup(cfg, mesh)
   t0 = time.time()
   batch = abstract_batch(cfg, setup.batch_sharding, cfg.train.batch_size)

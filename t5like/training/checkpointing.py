@@ -29,6 +29,7 @@ from etils import epath
 
 from t5like import paths
 from t5like.config import CheckpointConfig, ConfigError
+from t5like.errors import UserError
 from t5like.data.pipeline import DataLayoutChanged
 
 log = logging.getLogger("t5like.training")
@@ -83,7 +84,7 @@ ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)(DataIterat
 # ---------------------------------------------------------------------------------------------
 
 
-class RestoreError(RuntimeError):
+class RestoreError(UserError, RuntimeError):
   """Checkpoints exist but none can be restored now; the run stops instead of starting over."""
 
 
@@ -309,7 +310,7 @@ class Restored(NamedTuple):
   data_restored: bool  # False: the data iterators must restart (every host alike).
 
 
-class _StorageError(RuntimeError):
+class _StorageError(UserError, RuntimeError):
   """A storage error that outlived the retries."""
 
 

@@ -78,26 +78,6 @@ def _setup_logging(workdir: str) -> logging.Handler | None:
   return handler
 
 
-def check_batch_layout(cfg: Config, mesh) -> None:
-  """Batch sizes must split evenly over processes, data shards and microbatches."""
-  shards = partitioning.data_shards(mesh)
-  procs = jax.process_count()
-  b, m = cfg.train.batch_size, cfg.train.microbatches
-  where = f"mesh data*fsdp = {shards} ({dict(mesh.shape)})"
-  if (b // m) % shards:
-    raise ConfigError(
-        f"train.batch_size={b} / train.microbatches={m} = {b // m} rows per microbatch is not "
-        f"divisible by the data shards: {where}. Make the (micro)batch a multiple of {shards}, "
-        "or move devices to mesh.tensor")
-  if b % procs:
-    raise ConfigError(f"train.batch_size={b} is not divisible by the {procs} processes")
-  eb = cfg.train.eval_batch_size or b
-  if eb % shards or eb % procs:
-    raise ConfigError(
-        f"train.eval_batch_size={eb} must be divisible by the data shards ({where}) and by the "
-        f"{procs} processes")
-
-
 def _open_train_data(cfg: Config, data, rows: int, pid: int, nproc: int):
   try:
     return data.train(rows, pid, nproc)
@@ -159,7 +139,7 @@ def _run(cfg: Config, workdir: str, data, step_hook) -> dict[str, Any]:
   t_start = time.time()
   # ---- 1. checks that need no compilation ---------------------------------------------------
   mesh = partitioning.make_mesh(cfg.mesh)
-  check_batch_layout(cfg, mesh)
+  state_lib.check_batch_layout(cfg, mesh)
   pid, nproc = jax.process_index(), jax.process_count()
   init_dir = None
   if cfg.train.init_from:

@@ -23,7 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from t5like import partitioning
-from t5like.config import Config
+from t5like.config import Config, ConfigError
 from t5like.models import build_model
 from t5like.training import optimizer as opt_lib
 
@@ -80,6 +80,26 @@ def _init_fn(cfg: Config, tx: optax.GradientTransformation):
     return TrainState(step=zero, params=params, opt_state=tx.init(params), skipped_steps=zero,
                       consecutive_skipped=zero)
   return init
+
+
+def check_batch_layout(cfg: Config, mesh) -> None:
+  """Batch sizes must split evenly over processes, data shards and microbatches."""
+  shards = partitioning.data_shards(mesh)
+  procs = jax.process_count()
+  b, m = cfg.train.batch_size, cfg.train.microbatches
+  where = f"mesh data*fsdp = {shards} ({dict(mesh.shape)})"
+  if (b // m) % shards:
+    raise ConfigError(
+        f"train.batch_size={b} / train.microbatches={m} = {b // m} rows per microbatch is not "
+        f"divisible by the data shards: {where}. Make the (micro)batch a multiple of {shards}, "
+        "or move devices to mesh.tensor")
+  if b % procs:
+    raise ConfigError(f"train.batch_size={b} is not divisible by the {procs} processes")
+  eb = cfg.train.eval_batch_size or b
+  if eb % shards or eb % procs:
+    raise ConfigError(
+        f"train.eval_batch_size={eb} must be divisible by the data shards ({where}) and by the "
+        f"{procs} processes")
 
 
 def build_setup(cfg: Config, mesh: Mesh) -> TrainSetup:

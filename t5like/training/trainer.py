@@ -14,7 +14,8 @@ import jax
 from etils import epath
 
 from t5like.config import Config, ConfigError, to_dict
-from t5like.evaluation.perplexity import held_out_metrics, pad_rows
+from t5like.errors import UserError
+from t5like.training.held_out import held_out_metrics, pad_rows
 from t5like.training import aot, checkpointing
 from t5like.training import data as data_lib
 from t5like.training import flops as flops_lib
@@ -26,7 +27,7 @@ from t5like.training.metrics import IntervalStats, MetricsWriter
 log = logging.getLogger("t5like.training")
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(UserError, RuntimeError):
   """Too many consecutive steps with a NaN/Inf loss or gradient."""
 
 

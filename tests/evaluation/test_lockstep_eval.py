@@ -23,7 +23,7 @@ pid, address = int(sys.argv[1]), sys.argv[2]
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(coordinator_address=address, num_processes=2, process_id=pid)
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from t5like.evaluation.perplexity import held_out_metrics
+from t5like.training.held_out import held_out_metrics
 from t5like.training.data import global_batch
 
 mesh = Mesh(np.asarray(jax.devices()), ("data",))

@@ -98,7 +98,7 @@ def test_logs_metrics_and_config_lookups_on_a_bucket(fake_bucket, tmp_path):
   assert step_dir == "gs://bucket/run/checkpoints/2"
   checkpointing.check_metadata(step_dir)
   assert checkpointing.read_step_config(step_dir)["model"]["family"] == "decllm"
-  from t5like.evaluation.checkpoint_eval import find_step_dir
+  from t5like.training.restore import find_step_dir
   assert find_step_dir("gs://bucket/run", step=2) == step_dir
   (fake_bucket / "bucket" / "run" / "checkpoints" / "2" / "config" / "metadata").write_text("{")
   with pytest.raises(json.JSONDecodeError, match="config/metadata is not valid JSON"):

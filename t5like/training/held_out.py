@@ -1,7 +1,8 @@
 """Held-out token loss, perplexity and accuracy over a finite iterator of packed batches.
 
-Shared by the trainer's periodic eval and by ``eval.py``. Sums are taken on device and summed
-over batches; per-token values divide by the number of target tokens (``weight``).
+Shared by the trainer's periodic eval and by ``eval.py`` (so it lives in training, below
+evaluation). Sums are taken on device and summed over batches; per-token values divide by the
+number of target tokens (``weight``).
 """
 from __future__ import annotations
 

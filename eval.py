@@ -27,8 +27,17 @@ import argparse
 import json
 import sys
 
+from t5like import cli
+
 
 def main(argv: list[str] | None = None) -> int:
+  from t5like.evaluation.bigbench import TaskFormatError
+  from t5like.evaluation.scoring import ContextTooLong
+  # Besides UserError: a bad task file, a context too long, a path that does not exist.
+  return cli.guard(_main, argv, expected=(TaskFormatError, ContextTooLong, FileNotFoundError))
+
+
+def _main(argv: list[str]) -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", required=True, action="append",
@@ -55,35 +64,25 @@ def main(argv: list[str] | None = None) -> int:
                       help="--suite tasks: cut longer contexts from the left, or fail the task")
   from t5like.inference import cli as generation_cli
   generation_cli.add_arguments(parser)
-  args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-  bad = [r for r in rest if not r.startswith("--config.") or "=" not in r]
-  if bad:
-    parser.error(f"unrecognised arguments {bad}; overrides look like --config.data.seed=1")
-  overrides = [r[len("--config."):] for r in rest]
+  cli.add_debug_argument(parser)
+  args, overrides = cli.parse(parser, argv)
 
   from t5like import runtime
-  from t5like.config import Config, ConfigError, apply_overrides
+  from t5like.config import Config, apply_overrides
   from t5like.training import distributed
   runtime.init_tensorflow()  # TF (data only) off accelerators, no false cuInit error on CPU.
-  try:  # Like train.py: several hosts evaluate together (flags, JAX_* env, TPU pod, SLURM).
-    dist = Config()
-    apply_overrides(dist, [o for o in overrides if o.startswith("distributed.")])
-    distributed.initialize(dist.distributed)
-  except ConfigError as e:
-    print(f"eval error: {e}", file=sys.stderr)
-    return 2
+  # Like train.py: several hosts evaluate together (flags, JAX_* env, TPU pod, SLURM).
+  dist = Config()
+  apply_overrides(dist, [o for o in overrides if o.startswith("distributed.")])
+  distributed.initialize(dist.distributed)
   if args.suite:
     return _suite(args, overrides)
   if generation_cli.wants_generation(args):
     return generation_cli.run(args, overrides)
   from t5like.evaluation.checkpoint_eval import evaluate_checkpoint, format_report
-  try:
-    report = evaluate_checkpoint(args.workdir[0], step=args.step, overrides=overrides,
-                                 mixtures=args.mixture, per_task=not args.no_per_task,
-                                 max_batches=args.max_batches)
-  except (ConfigError, FileNotFoundError) as e:
-    print(f"eval error: {e}", file=sys.stderr)
-    return 2
+  report = evaluate_checkpoint(args.workdir[0], step=args.step, overrides=overrides,
+                               mixtures=args.mixture, per_task=not args.no_per_task,
+                               max_batches=args.max_batches)
   print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
   if "file" in report:
     print(f"report written to {report['file']}")
@@ -92,20 +91,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _suite(args, overrides) -> int:
   from etils import epath
+  from t5like.config import ConfigError
   from t5like.evaluation.suite import run_suite
   if overrides:
-    print("eval error: --config.* overrides do not apply to --suite", file=sys.stderr)
-    return 2
+    raise ConfigError("--config.* overrides do not apply to --suite")
   out = args.output_dir or str(epath.Path(args.workdir[0]) / "eval" / "suite")
   try:
     shots = [int(s) for s in args.shots.split(",") if s.strip()]
-    results = run_suite(args.workdir, [s.strip() for s in args.suite.split(",") if s.strip()],
-                        output_dir=out, step=args.step, task_paths=args.tasks, shots=shots,
-                        max_batches=args.max_batches or 8, max_context=args.max_context,
-                        on_long=args.on_long)
-  except (ValueError, FileNotFoundError) as e:
-    print(f"eval error: {e}", file=sys.stderr)
-    return 2
+  except ValueError:
+    raise ConfigError(f"--shots {args.shots!r}: give comma-separated integers, e.g. 0,1,5"
+                      ) from None
+  results = run_suite(args.workdir, [s.strip() for s in args.suite.split(",") if s.strip()],
+                      output_dir=out, step=args.step, task_paths=args.tasks, shots=shots,
+                      max_batches=args.max_batches or 8, max_context=args.max_context,
+                      on_long=args.on_long)
   print((epath.Path(out) / "report.md").read_text())
   print(f"report: {out}/report.md, results: {out}/results.json, plots: {results['plots']}")
   return 0

@@ -15,6 +15,8 @@ import json
 import os
 import sys
 
+from t5like import cli
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(HERE, "configs", "tiny_decllm.py")
 
@@ -22,8 +24,8 @@ DEFAULT_CONFIG = os.path.join(HERE, "configs", "tiny_decllm.py")
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--config", default=DEFAULT_CONFIG,
-                      help="config file defining get_config() (default: configs/tiny_decllm.py)")
+  cli.add_config_argument(parser, DEFAULT_CONFIG,
+                          "config file defining get_config() (default: configs/tiny_decllm.py)")
   parser.add_argument("--workdir", default="",
                       help="checkpoints, metrics and logs go here (default: runs/<config name>)")
   parser.add_argument("--print_config", action="store_true",
@@ -35,48 +37,31 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                       help="with --compile_only: compile for a TPU slice that need not exist "
                            "here, e.g. v5p-128, v5e-256, v6e-64, v5p:4x4x4 (needs libtpu: "
                            "pip install -e '.[tpu]')")
-  args, rest = parser.parse_known_args(argv)
-  overrides, i = [], 0
-  while i < len(rest):
-    item = rest[i]
-    if not item.startswith("--config."):
-      parser.error(f"unrecognised argument {item!r}; overrides look like --config.train.steps=10")
-    item = item[len("--config."):]
-    if "=" not in item:  # "--config.key value"
-      if i + 1 >= len(rest):
-        parser.error(f"--config.{item} needs a value")
-      item, i = f"{item}={rest[i + 1]}", i + 1
-    overrides.append(item)
-    i += 1
-  return args, overrides
+  cli.add_debug_argument(parser)
+  return cli.parse(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-  args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-  from t5like.config import ConfigError, load_config, to_json
-  try:
-    cfg = load_config(args.config, overrides)
-  except ConfigError as e:
-    print(f"config error: {e}", file=sys.stderr)
-    return 2
+  return cli.guard(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
+  args, overrides = parse_args(argv)
+  from t5like.config import ConfigError, to_json
+  cfg = cli.load(args.config, overrides)
   if args.print_config:
     print(to_json(cfg))
     return 0
   if args.topology and not args.compile_only:
-    print("config error: --topology needs --compile_only", file=sys.stderr)
-    return 2
+    raise ConfigError("--topology needs --compile_only")
+  from t5like import runtime
+  runtime.init_tensorflow()  # TF (data only) off accelerators, quiet, no false cuInit error.
   if args.compile_only:
     return _compile_only(cfg, args)
-  from t5like import runtime
-  runtime.init_tensorflow()  # TF (data only) off accelerators, no false cuInit error on CPU.
   name = os.path.splitext(os.path.basename(args.config))[0]
   workdir = args.workdir or os.path.join("runs", name)
   from t5like.training import run
-  try:
-    result = run(cfg, workdir)
-  except ConfigError as e:
-    print(f"config error: {e}", file=sys.stderr)
-    return 2
+  result = run(cfg, workdir)
   summary = {k: result.get(k) for k in (
       "step", "loss", "eval_loss", "eval_accuracy", "tokens_per_sec", "mfu", "preempted")}
   print(json.dumps(summary, indent=2, default=str))
@@ -89,13 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _compile_only(cfg, args) -> int:
-  from t5like.config import ConfigError
   from t5like.training import aot
-  try:
-    report = aot.run_compile_only(cfg, args.topology)
-  except ConfigError as e:
-    print(f"config error: {e}", file=sys.stderr)
-    return 2
+  report = aot.run_compile_only(cfg, args.topology)
   print(aot.format_report(os.path.splitext(os.path.basename(args.config))[0], report))
   return 0 if report["fits"] else 1
 

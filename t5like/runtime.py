@@ -13,19 +13,29 @@ otherwise). ``T5LIKE_HUGE_PAGES=0`` opts out.
 
 TensorFlow probes CUDA the first time it lists devices. On a host with a CUDA toolkit but no
 NVIDIA driver (a CPU box, a TPU VM) that probe logs ``E... cuda_platform.cc] failed call to
-cuInit`` at error level although nothing is wrong. ``init_tensorflow`` runs the probe once with
-the process's stderr captured and prints every captured line again except that one — and only
-when no driver exists, so a real GPU failure is still shown. It then hides GPUs from TensorFlow
-(as T5X/seqio users do), leaving them to JAX.
+cuInit`` at error level although nothing is wrong, and importing TensorFlow logs info lines
+(``oneDNN custom operations are on``, ``cudart_stub ... Could not find cuda drivers``, absl's
+``All log messages before absl::InitializeLog()`` notice), twice (two of its libraries log), which
+``TF_CPP_MIN_LOG_LEVEL`` does not silence (they are written before absl's logging is set up).
+``init_tensorflow`` imports TensorFlow and runs the probe once with the process's stderr captured
+and prints every captured line again except those (the CUDA ones only when no driver exists, so
+a real GPU failure is still shown). It then hides GPUs from TensorFlow (as T5X/seqio users do),
+leaving them to JAX. The CLIs call it before anything imports TensorFlow.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import sys
 import tempfile
+from typing import Callable
 
-_BENIGN = "failed call to cuInit"
+# Lines TensorFlow writes on every start: information, not problems (module doc).
+_CHATTER = ("oneDNN custom operations are on", "All log messages before absl::InitializeLog()",
+            "cpu_feature_guard.cc", "To enable the following instructions:")
+# Its CUDA probe's complaints, benign where no NVIDIA driver exists.
+_NO_DRIVER = ("failed call to cuInit", "Could not find cuda drivers")
 _done = False
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -88,28 +98,42 @@ def has_nvidia_driver() -> bool:
   return os.path.exists("/proc/driver/nvidia/version") or bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
-def init_tensorflow() -> None:
-  """Idempotent: probe TensorFlow's devices once, then keep TensorFlow on the CPU."""
-  global _done
-  if _done:
-    return
-  _done = True
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # Drop TF's info chatter, keep warnings.
-  import tensorflow as tf
-  driver = has_nvidia_driver()
+def _shown(line: str, driver: bool) -> bool:
+  return not (any(c in line for c in _CHATTER) or (not driver and any(
+      c in line for c in _NO_DRIVER)))
+
+
+@contextlib.contextmanager
+def _filtered_stderr(keep: Callable[[str], bool]):
+  """Captures file descriptor 2 (C++ logs too) and writes back the lines ``keep`` accepts."""
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile(mode="w+b") as captured:
     os.dup2(captured.fileno(), 2)
     try:
-      tf.config.list_physical_devices()
+      yield
     finally:
+      sys.stderr.flush()
       os.dup2(saved, 2)
       os.close(saved)
-    captured.seek(0)
-    for line in captured.read().decode(errors="replace").splitlines():
-      if driver or _BENIGN not in line:
-        print(line, file=sys.stderr)
+      captured.seek(0)
+      for line in captured.read().decode(errors="replace").splitlines():
+        if keep(line):
+          print(line, file=sys.stderr)
+
+
+def init_tensorflow() -> None:
+  """Idempotent: import TensorFlow and probe its devices once without its start-up chatter, then
+  keep TensorFlow on the CPU."""
+  global _done
+  if _done:
+    return
+  _done = True
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # Drop TF's info chatter, keep warnings.
+  driver = has_nvidia_driver()
+  with _filtered_stderr(lambda line: _shown(line, driver)):
+    import tensorflow as tf
+    tf.config.list_physical_devices()
   try:
     tf.config.set_visible_devices([], "GPU")
   except RuntimeError:  # Devices already initialised by someone else: nothing to change.

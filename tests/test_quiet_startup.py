@@ -1,4 +1,5 @@
-"""A CPU run starts quietly: no error-level log line and no traceback on stderr.
+"""A CPU run starts quietly: no error-level log line, no traceback and none of TensorFlow's
+start-up chatter on stderr (only the project's own lines).
 
 ``train.py --print_config`` is checked here; a whole training run through ``train.py`` (TensorFlow,
 the seqio pipeline, compilation, checkpoints, evaluation) is checked by the learning test,
@@ -35,3 +36,35 @@ def test_the_probe_filter_keeps_other_lines(capfd):
   import tensorflow as tf
   assert tf.config.get_visible_devices("GPU") == []  # TF stays off accelerators.
   assert "failed call to cuInit" not in capfd.readouterr().err or runtime.has_nvidia_driver()
+
+
+def test_a_start_shows_only_the_projects_lines(tmp_path):
+  """eval.py imports TensorFlow (through ``runtime.init_tensorflow``) and restarts itself for
+  huge pages; a missing checkpoint then ends it: stderr is the error block and nothing else
+  (TensorFlow's oneDNN / cudart_stub / absl lines are filtered, before and after the restart)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL",)}
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--workdir",
+                         str(tmp_path / "no_run")], cwd=tmp_path, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert proc.stderr.splitlines() == [
+      f"error: no checkpoint found under {str(tmp_path / 'no_run')!r}; expected "
+      "<workdir>/checkpoints/<step>/state as written by train.py",
+      "(the traceback: add --debug or set T5LIKE_DEBUG=1)"]
+
+
+def test_the_start_up_filter_drops_only_tensorflows_chatter():
+  from t5like import runtime
+  chatter = [
+      "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+      "I0000 00:00:1795797782.235510 6986 port.cc:153] oneDNN custom operations are on. You may "
+      "see slightly different numerical results",
+      "I0000 00:00:1795797802.556837 7630 cpu_feature_guard.cc:227] This TensorFlow binary is "
+      "optimized to use available CPU instructions",
+  ]
+  cuda = ["I0000 00:00:1795797782.239356 6986 cudart_stub.cc:31] Could not find cuda drivers on "
+          "your machine, GPU will not be used.",
+          "E0000 00:00:1.0 1 cuda_platform.cc:52] failed call to cuInit: UNKNOWN ERROR (303)"]
+  others = ["W0000 00:00:1.0 1 some_op.cc:1] a real warning", "error: the project's own line"]
+  assert [l for l in chatter + cuda + others if runtime._shown(l, driver=False)] == others
+  assert [l for l in chatter + cuda + others if runtime._shown(l, driver=True)] == cuda + others

@@ -4,8 +4,10 @@
   python -m t5like.experiments all --output_dir runs/exp            # each under runs/exp/<name>
   python -m t5like.experiments scaling --scale paper --workdir_root gs://bucket/exp   # commands
 
-Experiments are ``configs/experiments/<name>.py``. Re-running skips finished runs; the report
-(``report.md``, ``results.json``, PNGs) is rewritten from all results each time.
+Experiments are ``configs/experiments/<name>.py`` (the checkout's configs/, or ``./configs``, or
+``$T5LIKE_CONFIGS``). Re-running skips finished runs; the report (``report.md``,
+``results.json``, PNGs) is rewritten from all results each time. Expected errors print as
+``error: ...`` (``--debug`` or ``T5LIKE_DEBUG=1``: with the traceback).
 """
 from __future__ import annotations
 
@@ -16,21 +18,25 @@ import os
 import shlex
 import sys
 
-from t5like.experiments.runner import REPO, run_experiment
+from t5like import cli
+from t5like.config import ConfigError
+from t5like.experiments.runner import configs_dir, run_experiment
 
-EXPERIMENTS_DIR = os.path.join(REPO, "configs", "experiments")
+
+def experiments_dir() -> str:
+  return os.path.join(configs_dir(), "experiments")
 
 
 def available() -> list[str]:
-  return sorted(f[:-3] for f in os.listdir(EXPERIMENTS_DIR)
+  return sorted(f[:-3] for f in os.listdir(experiments_dir())
                 if f.endswith(".py") and not f.startswith("_"))
 
 
 def load_experiment(name: str, budget: str):
-  path = os.path.join(EXPERIMENTS_DIR, f"{name}.py")
+  path = os.path.join(experiments_dir(), f"{name}.py")
   if not os.path.exists(path):
-    raise SystemExit(f"unknown experiment {name!r}; available: {', '.join(available())} "
-                     f"(files in {EXPERIMENTS_DIR})")
+    raise ConfigError(f"unknown experiment {name!r}; available: {', '.join(available())} "
+                      f"(files in {experiments_dir()})")
   spec = importlib.util.spec_from_file_location(f"t5like_experiment_{name}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -85,9 +91,13 @@ def _compilation_cache(output_dir: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+  return cli.guard(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("names", nargs="+", help=f"experiments ({', '.join(available())}) or all")
+  parser.add_argument("names", nargs="+", help="experiments (files in configs/experiments/) or all")
   parser.add_argument("--output_dir", default=os.path.join("runs", "exp"),
                       help="where runs and reports go (several experiments: <dir>/<name>)")
   parser.add_argument("--quick", action="store_true", help="the quick budget (plumbing check)")
@@ -104,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--validation_holdout", type=float, default=0.001,
                       help="--scale paper: fraction of documents held out when a corpus has no "
                            "validation files")
+  cli.add_debug_argument(parser)
   args = parser.parse_args(argv)
   names = available() if args.names == ["all"] else args.names
   budget = "quick" if args.quick else "full"

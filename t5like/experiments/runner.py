@@ -17,12 +17,31 @@ from typing import Any, Callable
 
 from etils import epath
 
+from t5like.config import ConfigError
 from t5like.experiments.spec import ExperimentSpec, RunSpec
 
 log = logging.getLogger(__name__)
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIGS = os.path.join(REPO, "configs")
 RESULT = "result.json"
+CONFIGS_ENV = "T5LIKE_CONFIGS"
+# The checkout this package was imported from (an editable install or PYTHONPATH=checkout).
+_CHECKOUT_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "configs")
+
+
+def configs_dir() -> str:
+  """The ``configs/`` folder the experiments' runs name their config files in: ``$T5LIKE_CONFIGS``,
+  else the checkout the package was imported from, else ``./configs``. An installed (non-editable)
+  package has no checkout around it, so it reads the one of the working directory or the
+  variable; none of them is an error that says so."""
+  tried = []
+  for where in (os.environ.get(CONFIGS_ENV, ""), _CHECKOUT_CONFIGS,
+                os.path.join(os.getcwd(), "configs")):
+    if where and os.path.isdir(os.path.join(where, "experiments")):
+      return where
+    if where:
+      tried.append(where)
+  raise ConfigError(f"no configs/ folder with experiments/ found (tried {', '.join(tried)}): run "
+                    f"from a t5like checkout, or set {CONFIGS_ENV}=<checkout>/configs")
 
 
 def run_config(run: RunSpec, workdirs: dict[str, str]):
@@ -31,7 +50,7 @@ def run_config(run: RunSpec, workdirs: dict[str, str]):
   overrides = list(run.overrides)
   if run.init_from_run:
     overrides.append(f"train.init_from={workdirs[run.init_from_run]}")
-  return load_config(os.path.join(CONFIGS, run.config), overrides)
+  return load_config(os.path.join(configs_dir(), run.config), overrides)
 
 
 def config_digest(cfg) -> str:
@@ -143,7 +162,7 @@ def task_scores(workdir: str, task_paths: tuple[str, ...]) -> dict[str, dict[str
   small tasks): {task: {metric: value}}; a task that fails is recorded with its error."""
   from t5like.data.vocab import get_vocabulary
   from t5like.evaluation import bigbench
-  from t5like.evaluation.checkpoint_eval import restore_model
+  from t5like.training.restore import restore_model
   from t5like.evaluation.downstream import score_tasks
   paths = [bigbench.shipped_tasks_dir() if p == "shipped" else p for p in task_paths]
   tasks, errors = bigbench.load_tasks(paths)

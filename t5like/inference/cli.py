@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Sequence
+
+from t5like import cli
 
 HELP = {
     "prompt": "generate: a prompt (repeatable); RedLLM reads it with its encoder",
@@ -61,9 +62,9 @@ def run(args: argparse.Namespace, overrides: Sequence[str] = ()) -> int:
     outs = generate(model, ids, max_new_tokens=args.max_new_tokens, eos_id=vocab.eos_id,
                     sampling=sampling, rng=jax.random.key(args.seed),
                     mesh=partitioning.make_mesh(cfg.mesh))
-  except (ConfigError, FileNotFoundError, ValueError) as e:
-    print(f"eval error: {e}", file=sys.stderr)
-    return 2
+  except (ConfigError, FileNotFoundError, ValueError) as e:  # Prompts, sampling settings.
+    cli.print_error(e, cli.debugging())
+    return cli.EXIT_USER_ERROR
   print(f"{cfg.model.family} checkpoint {step_dir}")
   for i, (p, o) in enumerate(zip(prompts, outs)):
     print(f"--- [{i}] prompt: {p}\n{vocab.decode(o)}")

@@ -34,11 +34,13 @@ from typing import IO, Iterator, Sequence
 
 import tensorflow as tf
 
+from t5like import cli
 from t5like.data import sources
 from t5like.data import vocab as vocab_lib
+from t5like.errors import UserError
 
 
-class NoInputError(FileNotFoundError):
+class NoInputError(UserError, FileNotFoundError):
   """An --input pattern matched no file."""
 
 
@@ -195,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> str | pathlib.Path:
-  args = build_parser().parse_args(argv)
+  parser = build_parser()
+  cli.add_debug_argument(parser)
+  args = parser.parse_args(argv)
   if bool(args.input) == bool(args.data_dir):
     raise SystemExit("build_vocab: give either --input globs or --data_dir (a corpus root)")
   record = {"vocab_size": args.vocab_size, "model_type": args.model_type, "byte_fallback": True,
@@ -240,4 +244,4 @@ def main(argv: Sequence[str] | None = None) -> str | pathlib.Path:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.guard(main))

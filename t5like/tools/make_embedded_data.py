@@ -37,10 +37,12 @@ import json
 import pathlib
 import random
 import shutil
+import sys
 from typing import Any, Iterable
 
 import zstandard
 
+from t5like import cli
 from t5like.tools.embedded_flan import (TASKS, Item, dictionary_items, make_examples,
                                         shakespeare_items, wiki_items, wordnet_items)
 from t5like.tools.embedded_sources import (Doc, make_doc, read_devil, read_jargon,
@@ -147,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
   default_out = pathlib.Path(__file__).resolve().parents[1] / "data" / "embedded"
   parser.add_argument("--output_dir", default=str(default_out))
   parser.add_argument("--seed", type=int, default=0)
+  cli.add_debug_argument(parser)
   args = parser.parse_args(argv)
   out = pathlib.Path(args.output_dir)
   for sub in ("redpajama", "redpajama_validation", "flan"):
@@ -160,4 +163,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.guard(main))

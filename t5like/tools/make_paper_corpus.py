@@ -17,12 +17,14 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 from typing import Sequence
 
 import numpy as np
 import zstandard
 from etils import epath
 
+from t5like import cli
 from t5like.data import sources, vocab
 
 
@@ -129,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument("--flan_tasks", type=int, default=1600)
   p.add_argument("--flan_max_examples", type=int, default=10_000)
   p.add_argument("--seed", type=int, default=0)
+  cli.add_debug_argument(p)
   args = p.parse_args(argv)
   rp = write_redpajama(f"{args.out}/redpajama", scale=args.scale, seed=args.seed)
   flan = write_flan(f"{args.out}/flan", tasks=args.flan_tasks,
@@ -138,4 +141,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.guard(main))

@@ -24,6 +24,7 @@ import sys
 import time
 from typing import Sequence
 
+from t5like import cli
 from t5like.data import counts, sources
 
 
@@ -60,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument("--validation_dir", default="", help="RedPajama held-out root, converted too")
   p.add_argument("--processes", type=int, default=multiprocessing.cpu_count())
   p.add_argument("--bad_records", default="skip", choices=sources.POLICIES)
+  cli.add_debug_argument(p)
   args = p.parse_args(argv)
   report: dict = {}
   try:
@@ -93,4 +95,4 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.guard(main))

@@ -64,4 +64,4 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
     evaluate_checkpoint(str(tmp_path))
   assert load_script("eval.py").main(["--workdir", str(tmp_path / "nope")]) == 2
   err = capsys.readouterr().err
-  assert "eval error" in err and "checkpoints" in err
+  assert err.startswith("error: ") and "checkpoints" in err and "Traceback" not in err

@@ -108,3 +108,35 @@ def test_quick_mixed_attention_experiment_end_to_end(tmp_path):
   assert "Criterion (fixed before the runs)" in (out / "report.md").read_text()
   again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert again.stdout.count("skipped (finished earlier)") == 6
+
+
+def test_configs_are_found_without_a_checkout_around_the_package(tmp_path):
+  """As a non-editable install: the package alone in site-packages, no configs/ beside it. The
+  runs' configs come from ./configs or $T5LIKE_CONFIGS; with neither, a clear error."""
+  import shutil
+  site = tmp_path / "site-packages"
+  shutil.copytree(os.path.join(ROOT, "t5like"), site / "t5like",
+                  ignore=shutil.ignore_patterns("*.so", "__pycache__", "embedded"))
+  probe = ("from t5like.experiments import __main__ as m\n"
+           "print(m.experiments_dir()); print(','.join(m.available()))\n")
+  env = {k: v for k, v in os.environ.items() if k != "T5LIKE_CONFIGS"}
+  env["PYTHONPATH"] = str(site)
+
+  def ask(cwd, **extra):
+    return subprocess.run([sys.executable, "-c", probe], cwd=cwd, env={**env, **extra},
+                          capture_output=True, text=True, timeout=120)
+
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  proc = ask(elsewhere)
+  assert proc.returncode != 0 and "no configs/ folder with experiments/ found" in proc.stderr
+  assert "T5LIKE_CONFIGS" in proc.stderr
+  configs = os.path.join(ROOT, "configs")
+  proc = ask(elsewhere, T5LIKE_CONFIGS=configs)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.splitlines()[0] == os.path.join(configs, "experiments")
+  assert "scaling" in proc.stdout.splitlines()[1].split(",")
+  shutil.copytree(configs, elsewhere / "configs")
+  proc = ask(elsewhere)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.splitlines()[0] == str(elsewhere / "configs" / "experiments")

@@ -4,11 +4,14 @@ CPU devices, the memory check that stops a run before its first step, and — wi
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import jax
 import pytest
+
+import t5like.training
 
 from cli_scripts import load_script
 from t5like.config import ConfigError
@@ -43,11 +46,21 @@ def test_local_report_counts_flops_and_microbatches_shrink_temporaries():
   assert one["largest_consumer"][0].startswith("logits")
 
 
-def test_a_step_that_cannot_fit_stops_before_it_runs(tmp_path):
-  cfg = tiny_config("decllm", steps=2, batch_size=64, length=1024)
-  cfg.model.vocab_size = 1 << 17  # [64, 1024, 131072] f32 logits: 32 GiB each.
-  with pytest.raises(ConfigError, match=r"GiB per device.*Largest consumer \(estimate\): logits"):
-    run(cfg, str(tmp_path / "run"), data=SyntheticData(cfg))
+def test_a_step_that_cannot_fit_stops_before_it_runs(tmp_path, monkeypatch, capsys):
+  """Through train.py (on synthetic data): the fit check's message as one error block."""
+  config = tmp_path / "too_big.py"
+  config.write_text(
+      "from train_helpers import tiny_config\n\n\ndef get_config():\n"
+      "  cfg = tiny_config('decllm', steps=2, batch_size=64, length=1024)\n"
+      "  cfg.model.vocab_size = 1 << 17  # [64, 1024, 131072] f32 logits: 32 GiB each.\n"
+      "  return cfg\n")
+  monkeypatch.setattr(t5like.training, "run",
+                      lambda cfg, workdir: run(cfg, workdir, data=SyntheticData(cfg)))
+  code = load_script("train.py").main(["--config", str(config), "--workdir",
+                                       str(tmp_path / "run")])
+  err = capsys.readouterr().err  # The run's log lines, then the error block.
+  assert code == 2 and "\nerror: the train step needs " in "\n" + err and "Traceback" not in err
+  assert re.search(r"GiB per device.*Largest consumer \(estimate\): logits", err)
   assert not (tmp_path / "run" / "checkpoints").exists() or not os.listdir(
       tmp_path / "run" / "checkpoints")
 

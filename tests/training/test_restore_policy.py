@@ -202,3 +202,24 @@ def test_numbers_and_words_in_uuids_and_paths_do_not_make_a_damaged_file_transie
 ])
 def test_http_retry_codes_are_transient(message):
   assert checkpointing.classify(RuntimeError(message)) == "transient"
+
+
+def test_train_py_says_so_in_one_error_block(trained, tmp_path, monkeypatch, capsys):
+  """The same damaged workdir through train.py: the RestoreError's message, no traceback."""
+  import t5like.training
+  from cli_scripts import load_script
+  _, source, _, _ = trained
+  workdir = tmp_path / "run"
+  shutil.copytree(source, workdir)
+  for step in (4, 8):
+    _damage(workdir / "checkpoints" / str(step) / "config" / "metadata", "truncated")
+  config = tmp_path / "tiny.py"
+  config.write_text("from train_helpers import tiny_config\n\n\ndef get_config():\n"
+                    "  return tiny_config('decllm', steps=8)\n")
+  real_run = t5like.training.run
+  monkeypatch.setattr(t5like.training, "run",
+                      lambda cfg, workdir: real_run(cfg, workdir, data=SyntheticData(cfg)))
+  assert load_script("train.py").main(["--config", str(config), "--workdir", str(workdir)]) == 2
+  err = capsys.readouterr().err  # The run's log lines, then the error block.
+  assert "\nerror: none of the 2 checkpoints" in "\n" + err and "Traceback" not in err
+  assert "refusing to start from step 0" in err

@@ -3,18 +3,20 @@
 one process.
 
   python benchmarks/ab_revision.py [--base HEAD] [--only small_decllm,small_redllm]
-                                   [--dtype float32] [--rounds 6] [--steps 3]
+                                   [--dtype float32] [--repeats 6] [--steps 3]
   python benchmarks/ab_revision.py --generate [--cases 8x128+64,1x128+64] [--base HEAD] ...
 
 On the shared 2-core hosts the same benchmark moves 10-30 % between processes minutes apart,
 more than most single changes gain; within one process, alternating short bursts, both sides
 see the same machine. The base revision's ``t5like`` (``git archive``) is imported first and its
 steps compiled, then its modules are dropped from ``sys.modules`` and the working tree's are
-imported and compiled: each compiled step keeps the code it was traced from. Each round times
-``--steps`` calls of every case on each side (the side that goes first alternates); the table
-gives per-side medians and the ratio of medians (base / new > 1: the working tree is faster).
-Train steps: the configs of ``train_throughput.py``. ``--generate``: ``generate`` of the small
-models of ``decode_throughput.py`` (both families), ``batch x prompt + new`` tokens, no EOS.
+imported and compiled: each compiled step keeps the code it was traced from. Each of
+``--repeats`` rounds times ``--steps`` calls of every case on each side (the side that goes
+first alternates); the table gives per-side medians and the ratio of medians (base / new > 1:
+the working tree is faster). Train steps: ``t5like.config.presets.BENCHMARK_CONFIGS``
+(``train_throughput.py``'s ``CONFIGS`` in revisions before they moved). ``--generate``:
+``generate`` of the small models of ``decode_throughput.py`` (both families),
+``batch x prompt + new`` tokens, no EOS.
 """
 from __future__ import annotations
 
@@ -27,9 +29,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # This checkout's timing; each side's t5like is imported later.
+from benchmarks import timing  # noqa: E402
+sys.path.remove(REPO)
 
 
 def _export(rev: str, dest: str) -> str:
@@ -71,7 +75,8 @@ def _load(root: str, *names: str) -> list:
   """Imports ``names`` (modules of ``t5like`` or of ``benchmarks/``) from ``root``, after
   dropping every module either side imported before."""
   for name in [m for m in sys.modules if m == "t5like" or m.startswith("t5like.")
-               or m in ("train_throughput", "decode_throughput")]:
+               or m in ("train_throughput", "decode_throughput", "benchmarks.train_throughput",
+                        "benchmarks.decode_throughput")]:
     del sys.modules[name]
   paths = [root, os.path.join(root, "benchmarks")]
   sys.path[:0] = paths
@@ -85,16 +90,32 @@ def _load(root: str, *names: str) -> list:
   return mods
 
 
+def _benchmark_configs(root: str) -> tuple[dict, dict]:
+  """The side's benchmark configs by name and their fixed dtypes: ``t5like.config.presets``
+  (its ``t5like`` is loaded already), or ``train_throughput.py`` in older revisions."""
+  try:
+    presets = importlib.import_module("t5like.config.presets")
+    return presets.BENCHMARK_CONFIGS, presets.BENCHMARK_FIXED_DTYPE
+  except (ImportError, AttributeError):
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    try:
+      tt = importlib.import_module("train_throughput")
+    finally:
+      sys.path.remove(os.path.join(root, "benchmarks"))
+    return tt.CONFIGS, tt.FIXED_DTYPE
+
+
 def _prepare_train(root: str, names: list[str], dtype: str) -> dict:
   """name -> a closure running one compiled train step of that config (compiled here)."""
   import jax
-  tt, step_lib, state_lib, data, partitioning = _load(
-      root, "train_throughput", "t5like.training.step", "t5like.training.state",
-      "t5like.training.data", "t5like.partitioning")
+  step_lib, state_lib, data, partitioning = _load(
+      root, "t5like.training.step", "t5like.training.state", "t5like.training.data",
+      "t5like.partitioning")
+  configs, fixed_dtype = _benchmark_configs(root)
   out = {}
   for name in names:
-    cfg = tt.CONFIGS[name]()
-    cfg.model.dtype = tt.FIXED_DTYPE.get(name, dtype)
+    cfg = configs[name]()
+    cfg.model.dtype = fixed_dtype.get(name, dtype)
     cfg.validate()
     setup = state_lib.build_setup(cfg, partitioning.make_mesh(cfg.mesh))
     it = data.SyntheticData(cfg).train(cfg.train.batch_size, 0, 1)
@@ -110,11 +131,24 @@ def _prepare_train(root: str, names: list[str], dtype: str) -> dict:
   return out
 
 
+def _decode_benchmark(root: str):
+  """The side's ``decode_throughput.py`` (its ``parse_case`` and ``small_model_config``)."""
+  sys.path[:0] = [root, os.path.join(root, "benchmarks")]
+  try:
+    if os.path.exists(os.path.join(root, "benchmarks", "__init__.py")):
+      return importlib.import_module("benchmarks.decode_throughput")
+    return importlib.import_module("decode_throughput")
+  finally:
+    sys.path.remove(root)
+    sys.path.remove(os.path.join(root, "benchmarks"))
+
+
 def _prepare_generate(root: str, cases: list[str], dtype: str) -> dict:
   """"family batch x prompt + new" -> a closure running one ``generate`` call (compiled here)."""
   import numpy as np
   from flax import nnx
-  dt, inference, models = _load(root, "decode_throughput", "t5like.inference", "t5like.models")
+  inference, models = _load(root, "t5like.inference", "t5like.models")
+  dt = _decode_benchmark(root)
   out = {}
   for case in cases:
     batch, prompt, new = dt.parse_case(case)
@@ -138,8 +172,8 @@ def main() -> None:
   ap.add_argument("--only", default="small_decllm,small_redllm", help="train step configs")
   ap.add_argument("--generate", action="store_true", help="time generate calls, not train steps")
   ap.add_argument("--cases", default="8x128+64,1x128+64", help="with --generate")
-  ap.add_argument("--dtype", default="float32")
-  ap.add_argument("--rounds", type=int, default=6)
+  timing.add_dtype_flag(ap, "float32")
+  timing.add_repeats_flag(ap, 6, "rounds of --steps calls a side")
   ap.add_argument("--steps", type=int, default=3, help="calls per side and case in a round")
   args = ap.parse_args()
   prepare = _prepare_generate if args.generate else _prepare_train
@@ -148,17 +182,12 @@ def main() -> None:
     sides = {"base": prepare(_export(args.base, tmp), items, args.dtype)}
     sides["new"] = prepare(REPO, items, args.dtype)
   names = list(sides["new"])
-  times = {(s, n): [] for s in sides for n in names}
-  for r in range(args.rounds):
-    for side in (("base", "new") if r % 2 == 0 else ("new", "base")):
-      for name in names:
-        for _ in range(args.steps):
-          t = time.perf_counter()
-          sides[side][name]()
-          times[side, name].append(time.perf_counter() - t)
+  keys = [(s, n) for s in ("base", "new") for n in names]
+  times = dict(zip(keys, timing.alternating([sides[s][n] for s, n in keys], args.repeats,
+                                            calls_per_round=args.steps)))
   from t5like import runtime
   what = "call" if args.generate else "step"
-  print(f"\nbase {args.base} against the working tree, {args.dtype}, {args.rounds} rounds x "
+  print(f"\nbase {args.base} against the working tree, {args.dtype}, {args.repeats} rounds x "
         f"{args.steps} {what}s a side; {runtime.huge_pages_state()}\n")
   print(f"| {'case' if args.generate else 'config'} | base {what} ms | new {what} ms | "
         "base / new |")

@@ -32,12 +32,11 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # A checkout.
 
 # pylint: disable=wrong-import-position
-from t5like.config import Config
+from t5like.config import Config, presets
 from t5like.data import vocab
-from t5like.training import presets
 
 CHIP_TOKENS_PER_S = 459e12 * 0.55 / 1.1e9  # v5p bf16 peak x 55% MFU / FLOP per token (150M).
 CHIPS_PER_HOST = 4

@@ -21,17 +21,16 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # A checkout.
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from decode_throughput import parse_case, small_model_config  # noqa: E402
+from benchmarks import timing  # noqa: E402
+from benchmarks.decode_throughput import parse_case, small_model_config  # noqa: E402
 from t5like.inference import generation as gen  # noqa: E402
 from t5like.inference import steps  # noqa: E402
 from t5like.models import build_model  # noqa: E402
@@ -79,7 +78,7 @@ def decode_loop(family: str, batch: int, prompt: int, new: int, transpose: bool)
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--cases", default="1x128+64,8x128+64")
-  parser.add_argument("--repeats", type=int, default=7)
+  timing.add_repeats_flag(parser, 7, "alternating rounds")
   args = parser.parse_args()
   print("| model | batch x prompt + new | ms/step: training layout | transposed | speed-up "
         "| ms/call: training layout | transposed | speed-up |")
@@ -93,13 +92,9 @@ def main() -> None:
       ms, call = {t: [] for t in fns}, {t: [] for t in fns}
       for _ in range(args.repeats):
         for t, fn in fns.items():  # Alternating, so drifts of the host hit both alike.
-          t0 = time.perf_counter()
-          fn(0)
-          t1 = time.perf_counter()
-          fn(new)
-          t2 = time.perf_counter()
-          ms[t].append(((t2 - t1) - (t1 - t0)) / new * 1e3)
-          call[t].append((t2 - t1) * 1e3)
+          prefill, whole = timing.seconds(lambda: fn(0)), timing.seconds(lambda: fn(new))
+          ms[t].append((whole - prefill) / new * 1e3)
+          call[t].append(whole * 1e3)
       a, b = statistics.median(ms[False]), statistics.median(ms[True])
       c, d = statistics.median(call[False]), statistics.median(call[True])
       print(f"| {family} | {case} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {c:.0f} | {d:.0f} | "

@@ -2,7 +2,7 @@
 """KV-cache generation speed of DecLLM and RedLLM at (about) equal parameters, on this machine.
 
   python benchmarks/decode_throughput.py [--cases 1x128+64,8x128+64,8x512+128] [--repeats 3]
-                                         [--dtypes float32] [--peer] [--xla_kernels]
+                                         [--dtype float32] [--peer] [--xla_kernels]
 
 Shapes of the small comparison models (docs/performance.md): d512, 8 x 64 heads, SwiGLU 1408,
 vocab 8192; DecLLM 4 layers, RedLLM 2 encoder + 2 decoder layers. Each case is
@@ -32,16 +32,16 @@ import contextlib
 import os
 import statistics
 import sys
-import time
 from typing import Any, Callable, NamedTuple
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # A checkout.
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from benchmarks import timing  # noqa: E402
+from benchmarks.train_throughput import peer_device  # noqa: E402  (PyTorch where JAX runs)
 from t5like import runtime  # noqa: E402
 from t5like.config.model import ModelConfig  # noqa: E402
 from t5like.evaluation.cost import inference_flops  # noqa: E402
@@ -50,7 +50,6 @@ from t5like.inference import steps  # noqa: E402
 from t5like.inference.sampling import SamplingConfig  # noqa: E402
 from t5like.kernels import library  # noqa: E402
 from t5like.models import build_model  # noqa: E402
-from train_throughput import peer_device  # noqa: E402  (PyTorch where JAX runs)
 
 
 def small_model_config(family: str, dtype: str) -> ModelConfig:
@@ -69,16 +68,6 @@ def parse_case(text: str) -> tuple[int, int, int]:
     raise SystemExit(f"--cases: {text!r} is not BATCHxPROMPT+NEW (e.g. 8x128+64)") from None
 
 
-def _timed(fn, repeats: int) -> float:
-  fn()  # Compilation.
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
-
-
 def prefill_seconds(generator: gen.Generator, prompts, new: int, repeats: int) -> float:
   """Median time of the prefill (and first logits) alone, as ``generate`` runs it."""
   g = generator
@@ -90,7 +79,7 @@ def prefill_seconds(generator: gen.Generator, prompts, new: int, repeats: int) -
     weights = steps.DecodeWeights(nnx.merge(g._layers_graphdef, layers), table, inputs)
     return gen._prefill(nnx.merge(g._graphdef, params), weights, plan, t, n)[:2]
 
-  return _timed(lambda: jax.block_until_ready(
+  return timing.median_seconds(lambda: jax.block_until_ready(
       fn(g._params, g._layers, g._table, g._inputs, tokens, lens)), repeats)
 
 
@@ -178,27 +167,21 @@ def alternating_medians(systems: list[System], repeats: int) -> list[float]:
   systems then see the same machine, not the same machine minutes apart."""
   for s in systems:
     s.call()
-  times = [[] for _ in systems]
-  for r in range(repeats):
-    order = list(range(len(systems)))
-    for i in (order if r % 2 == 0 else order[::-1]):
-      t = time.perf_counter()
-      systems[i].call()
-      times[i].append(time.perf_counter() - t)
+  times = timing.alternating([s.call for s in systems], repeats)
   return [statistics.median(t) for t in times]
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--cases", default="1x128+64,8x128+64,8x512+128")
-  parser.add_argument("--dtypes", default="float32")
-  parser.add_argument("--repeats", type=int, default=3)
+  timing.add_dtype_flag(parser, "float32", several=True)
+  timing.add_repeats_flag(parser, 3, "alternating rounds (calls of each system)")
   parser.add_argument("--peer", action="store_true", help="also time transformers generate")
   parser.add_argument("--xla_kernels", action="store_true",
                       help="also time t5like with XLA's operations instead of the CPU kernels")
   args = parser.parse_args()
   rows = []
-  for dtype in args.dtypes.split(","):
+  for dtype in args.dtype.split(","):
     for case in args.cases.split(","):
       batch, prompt, new = parse_case(case)
       systems = []

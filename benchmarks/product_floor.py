@@ -3,7 +3,7 @@
 steps, in one run: how much of the gap to PyTorch is the product library's speed.
 
   python benchmarks/product_floor.py [--config small_decllm_unrolled] [--dtype float32]
-                                     [--rounds 7]
+                                     [--repeats 7]
 
 Lists every 2-D product of the step from the model config (per layer: the attention
 projections, SwiGLU's gate, up and down; the logits), each as its forward ``x @ W``, its input
@@ -32,14 +32,14 @@ import sys
 import time
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # A checkout.
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import train_throughput as tt  # noqa: E402
+from benchmarks import timing  # noqa: E402
+from benchmarks import train_throughput as tt  # noqa: E402
 from t5like import runtime  # noqa: E402
 from t5like.config import ModelConfig  # noqa: E402
 
@@ -128,12 +128,6 @@ def product_runners(p: Product, dtype: str) -> dict:
   return runners
 
 
-def _timed(fn) -> float:
-  t = time.perf_counter()
-  fn()
-  return time.perf_counter() - t
-
-
 def measure(args) -> tuple[list[Product], list[dict], dict]:
   """Median seconds per call of every product and of both steps, over alternating rounds."""
   cfg = tt.CONFIGS[args.config]()
@@ -150,16 +144,16 @@ def measure(args) -> tuple[list[Product], list[dict], dict]:
       steps["transformers"] = peer[1]
   prod_t = [{s: [] for s in r} for r in runners]
   step_t = {s: [] for s in steps}
-  for r in range(args.rounds):
+  for r in range(args.repeats):
     order = (lambda xs: xs) if r % 2 == 0 else (lambda xs: list(reversed(xs)))
     for name in order(list(steps)):
       time.sleep(tt.PAUSE_S)
       steps[name]()  # Untimed: the system's buffers back in cache (train_throughput.py).
-      step_t[name].append(_timed(steps[name]))
+      step_t[name].append(timing.seconds(steps[name]))
     for runner, times in zip(runners, prod_t):
       for name in order(list(runner)):
         runner[name]()
-        times[name].append(_timed(runner[name]))
+        times[name].append(timing.seconds(runner[name]))
   med = statistics.median
   return (products, [{s: med(t) for s, t in times.items()} for times in prod_t],
           {s: med(t) for s, t in step_t.items()})
@@ -202,11 +196,11 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--config", default="small_decllm_unrolled", choices=sorted(tt.CONFIGS))
-  ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-  ap.add_argument("--rounds", type=int, default=7)
+  timing.add_dtype_flag(ap, "float32", choices=("float32", "bfloat16"))
+  timing.add_repeats_flag(ap, 7, "alternating rounds")
   args = ap.parse_args()
   print(f"device: {jax.devices()[0].device_kind}; {args.config} {args.dtype}; median of "
-        f"{args.rounds} alternating rounds; {runtime.huge_pages_state()}\n")
+        f"{args.repeats} alternating rounds; {runtime.huge_pages_state()}\n")
   report(*measure(args))
 
 

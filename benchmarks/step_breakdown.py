@@ -1,7 +1,7 @@
 """Where a train step's time goes: each piece of the model timed forward + backward on its own
 at the step's shapes, next to the whole step, in one run.
 
-  python benchmarks/step_breakdown.py [--config small_decllm] [--dtype float32] [--reps 10]
+  python benchmarks/step_breakdown.py [--config small_decllm] [--dtype float32] [--repeats 10]
 
 Pieces (per layer, times the number of layers that run them): attention projections
 (Q/K/V/output einsums), Q/K/V norms + RoPE, attention core (scores, mask, softmax, weighted
@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # A checkout.
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from benchmarks import timing  # noqa: E402
 from t5like import partitioning  # noqa: E402
+from t5like.config.presets import BENCHMARK_CONFIGS as CONFIGS  # noqa: E402
 from t5like.models import masks  # noqa: E402
 from t5like.models.attention import Attention, dot_product_attention  # noqa: E402
 from t5like.models.embedding import TiedEmbedding  # noqa: E402
@@ -38,18 +38,9 @@ from t5like.training import state as state_lib  # noqa: E402
 from t5like.training import step as step_lib  # noqa: E402
 from t5like.training.data import SyntheticData, global_batch  # noqa: E402
 
-from train_throughput import CONFIGS  # noqa: E402
-
 
 def _time(fn, *args, reps: int) -> float:
-  out = fn(*args)
-  jax.block_until_ready(out)
-  times = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
+  return timing.median_seconds(lambda: jax.block_until_ready(fn(*args)), reps)
 
 
 def _fwd_bwd(module_fn):
@@ -202,10 +193,10 @@ def _optimizer_update(setup, state, grads, reps: int) -> float:
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--config", default="small_decllm", choices=sorted(CONFIGS))
-  ap.add_argument("--dtype", default="float32")
-  ap.add_argument("--reps", type=int, default=10)
+  timing.add_dtype_flag(ap, "float32")
+  timing.add_repeats_flag(ap, 10, "timed calls of each piece")
   args = ap.parse_args()
-  rows = breakdown(args.config, args.dtype, args.reps)
+  rows = breakdown(args.config, args.dtype, args.repeats)
   whole = rows[-1][1]
   print(f"{args.config} ({args.dtype}), fwd+bwd per step, {jax.devices()[0].device_kind}")
   print(f"| piece | ms per step | share of step |\n|---|---|---|")

@@ -39,17 +39,17 @@ _FLAG = "--xla_cpu_enable_xprof_traceme=true"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # Before jax is imported: XLA reads it once.
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # A checkout.
 
 import jax  # noqa: E402
 from jax.profiler import ProfileData  # noqa: E402
 
+from benchmarks import timing  # noqa: E402
 from t5like import partitioning  # noqa: E402
+from t5like.config.presets import BENCHMARK_CONFIGS as CONFIGS  # noqa: E402
 from t5like.training import state as state_lib  # noqa: E402
 from t5like.training import step as step_lib  # noqa: E402
 from t5like.training.data import SyntheticData, global_batch  # noqa: E402
-from train_throughput import CONFIGS  # noqa: E402
 
 # Trace events that are not kernels: the executor, the pool's markers, waits.
 _NOT_KERNELS = ("end:", "ThreadpoolListener", "SlinkyThreadPool", "Wait ", "ThunkExecutor", "$")
@@ -214,7 +214,7 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--config", default="small_decllm_unrolled", choices=sorted(CONFIGS))
-  ap.add_argument("--dtype", default="float32")
+  timing.add_dtype_flag(ap, "float32")
   ap.add_argument("--steps", type=int, default=2, help="traced steps (after two warm-up steps)")
   ap.add_argument("--top", type=int, default=25, help="non-matmul kernel groups listed")
   ap.add_argument("--trace_dir", default="",

@@ -2,7 +2,7 @@
 """Train-step throughput and MFU of tiny, small and medium DecLLM / RedLLM configs on this machine.
 
   python benchmarks/train_throughput.py [--steps 10] [--only tiny_decllm,small_redllm]
-                                        [--dtypes float32,bfloat16] [--peak 5.69e11]
+                                        [--dtype float32,bfloat16] [--peak 5.69e11]
                                         [--peer] [--alternate] [--compile_scaling]
 
 Times the jitted train step (forward, backward, clipping, Adafactor; synthetic batches already on
@@ -10,7 +10,8 @@ device, so the data pipeline is not measured) and prints one table: tokens/s cou
 position (encoder + decoder), model FLOPs follow docs/flops.md (t5like.training.flops), MFU is
 against the device peak (default: on CPU the best of this machine's matmul probes, one after
 every row — ``flops.measured_cpu_peak``; accelerators by device kind). Median over ``--steps``
-steps after one warm-up (compilation) step. ``medium_*`` is a 150M-like shape with paper lengths
+steps after one warm-up (compilation) step. The configs are ``t5like.config.presets``'
+``BENCHMARK_CONFIGS``; ``medium_*`` is a 150M-like shape with paper lengths
 scaled to fit (d1024, 8 x 128 heads, FFN 4096, vocab 32768, 1024 tokens per row, bf16, full
 remat).
 
@@ -23,7 +24,7 @@ parameters and optimizer, bf16 matmuls). A peer row stops timing after ~2 minute
 (PyTorch's bf16 without bf16 instructions takes ~80 s a step) and says how many it timed.
 ``--alternate`` prepares every row first and then times them in ``--steps`` rounds, each row one
 step per round after a pause and one untimed step, the order reversed every other round (no
-peer time limit: give ``--dtypes float32`` where PyTorch's bf16 is that slow): on a shared host
+peer time limit: give ``--dtype float32`` where PyTorch's bf16 is that slow): on a shared host
 the rows then see the same machine, where rows timed one after the other saw it minutes apart
 and their ratio moved ~10-25 % between runs.
 ``--compile_scaling`` compiles the scanned small DecLLM at 4 and 32 layers and prints the ratio.
@@ -37,59 +38,20 @@ import sys
 import time
 from typing import Callable
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # A checkout.
 
 import jax  # noqa: E402
 
+from benchmarks import timing  # noqa: E402
 from t5like import partitioning, runtime  # noqa: E402
-from t5like.config import Config, ModelConfig  # noqa: E402
-from t5like.training import flops, presets  # noqa: E402
+from t5like.config import Config  # noqa: E402
+from t5like.config.presets import BENCHMARK_CONFIGS as CONFIGS  # noqa: E402
+from t5like.config.presets import BENCHMARK_FIXED_DTYPE as FIXED_DTYPE  # noqa: E402
+from t5like.config.presets import small_config  # noqa: E402
+from t5like.training import flops  # noqa: E402
 from t5like.training import state as state_lib  # noqa: E402
 from t5like.training import step as step_lib  # noqa: E402
 from t5like.training.data import SyntheticData, global_batch  # noqa: E402
-
-
-def small_config(family: str) -> Config:
-  """The comparison shape of docs/performance.md: d512, 8 x 64 heads, SwiGLU 1408, vocab 8192; DecLLM L4 at
-  S256, RedLLM 2+2 layers at 128 input + 128 target. Scanned layers recompute their elementwise
-  results from the saved weight products: on CPU never slower than stacking every activation."""
-  cfg = Config()
-  cfg.model = ModelConfig(family=family, vocab_size=8192, d_model=512, num_heads=8, head_dim=64,
-                          d_ff=1408, num_layers=4, num_encoder_layers=2, num_decoder_layers=2,
-                          attn_out_norm=family == "redllm", remat_policy="dots_no_batch")
-  cfg.data.sequence_length, cfg.data.inputs_length, cfg.data.targets_length = 256, 128, 128
-  cfg.train.batch_size, cfg.train.warmup_steps, cfg.train.steps = 8, 10, 1000
-  return cfg
-
-
-def medium_config(family: str) -> Config:
-  """150M-like (paper 150M widths, fewer layers, lengths scaled): memory-bound behaviour shows."""
-  cfg = Config()
-  cfg.model = ModelConfig(family=family, vocab_size=32768, d_model=1024, num_heads=8,
-                          head_dim=128, d_ff=4096, num_layers=8, num_encoder_layers=4,
-                          num_decoder_layers=4, attn_out_norm=family == "redllm",
-                          dtype="bfloat16", remat_policy="full")
-  cfg.data.sequence_length, cfg.data.inputs_length, cfg.data.targets_length = 1024, 512, 512
-  cfg.train.batch_size, cfg.train.warmup_steps, cfg.train.steps = 4, 10, 1000
-  return cfg
-
-
-def _unrolled(cfg: Config) -> Config:
-  """The same model as a Python loop of layers, without remat (each at its fastest on CPU)."""
-  cfg.model.scan_layers, cfg.model.remat_policy = False, "none"
-  return cfg
-
-
-FIXED_DTYPE = {"medium_decllm": "bfloat16", "medium_redllm": "bfloat16"}
-CONFIGS = {
-    "tiny_decllm": lambda: presets.tiny_pretraining("decllm"),
-    "tiny_redllm": lambda: presets.tiny_pretraining("redllm"),
-    "small_decllm": lambda: small_config("decllm"),
-    "small_redllm": lambda: small_config("redllm"),
-    "small_decllm_unrolled": lambda: _unrolled(small_config("decllm")),
-    "medium_decllm": lambda: medium_config("decllm"),
-    "medium_redllm": lambda: medium_config("redllm"),
-}
 
 
 # --alternate: before each timed step, a pause (the previous system's spinning threads go idle)
@@ -137,13 +99,12 @@ def prepare_peer(dtype: str, autocast: bool = False) -> tuple[dict, Callable[[],
     opt.zero_grad(set_to_none=True)
     if device == "cuda":
       torch.cuda.synchronize()
-  t0 = time.perf_counter()
-  step()
+  compile_s = timing.seconds(step)
   name = "transformers Llama (PyTorch, AdamW" + (", autocast, f32 weights)" if autocast else ")")
   return {"config": name, "family": "decllm",
           "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "dtype": dtype,
           "shape": f"{b}x{s}", "tokens": b * s, "flops": flops.train_flops(m, b, s, 0),
-          "compile_s": time.perf_counter() - t0}, step
+          "compile_s": compile_s}, step
 
 
 def measure_peer(dtype: str, steps: int, autocast: bool = False) -> dict | None:
@@ -155,9 +116,7 @@ def measure_peer(dtype: str, steps: int, autocast: bool = False) -> dict | None:
   meta, step = prepared
   times = []
   for _ in range(steps):
-    t = time.perf_counter()
-    step()
-    times.append(time.perf_counter() - t)
+    times.append(timing.seconds(step))
     if sum(times) + meta["compile_s"] > PEER_BUDGET_S:
       break
   if len(times) < steps:
@@ -175,9 +134,8 @@ def compile_scaling() -> list[tuple[int, float]]:
     setup = state_lib.build_setup(cfg, mesh)
     from t5like.training import aot
     batch = aot.abstract_batch(cfg, setup.batch_sharding, cfg.train.batch_size)
-    t = time.perf_counter()
-    step_lib.make_train_step(setup).lower(setup.abstract_state, batch).compile()
-    out.append((layers, time.perf_counter() - t))
+    lowered = step_lib.make_train_step(setup).lower(setup.abstract_state, batch)
+    out.append((layers, timing.seconds(lowered.compile)))
   return out
 
 
@@ -196,14 +154,13 @@ def prepare(name: str, cfg: Config) -> tuple[dict, Callable[[], None]]:
     held["state"], metrics = train_step(held["state"], batches[held["steps"] % 2])
     jax.block_until_ready((held["state"], metrics))
     held["steps"] += 1
-  t0 = time.perf_counter()
-  step()
+  compile_s = timing.seconds(step)
   dec, enc = flops.batch_lengths(batches[0])
   b = cfg.train.batch_size
   return {"config": name, "family": cfg.model.family, "params_m": setup.num_params / 1e6,
           "dtype": cfg.model.dtype, "shape": f"{b}x{enc}+{dec}" if enc else f"{b}x{dec}",
           "tokens": b * (dec + enc), "flops": flops.train_flops(cfg.model, b, dec, enc),
-          "compile_s": time.perf_counter() - t0}, step
+          "compile_s": compile_s}, step
 
 
 def finish(meta: dict, times: list[float]) -> dict:
@@ -216,12 +173,7 @@ def finish(meta: dict, times: list[float]) -> dict:
 
 def measure(name: str, cfg: Config, steps: int) -> dict:
   meta, step = prepare(name, cfg)
-  times = []
-  for _ in range(steps):
-    t = time.perf_counter()
-    step()
-    times.append(time.perf_counter() - t)
-  return finish(meta, times)
+  return finish(meta, [timing.seconds(step) for _ in range(steps)])
 
 
 def alternate(systems: list[tuple[dict, Callable[[], None]]], rounds: int) -> list[dict]:
@@ -229,16 +181,11 @@ def alternate(systems: list[tuple[dict, Callable[[], None]]], rounds: int) -> li
   ``WARM_STEPS`` untimed steps), the order reversed every other round: on a shared host they
   then see the same machine, not the machine minutes apart (a row measured alone moved 10-30 %
   between runs; docs/performance.md)."""
-  times = [[] for _ in systems]
-  for r in range(rounds):
-    order = range(len(systems)) if r % 2 == 0 else reversed(range(len(systems)))
-    for i in order:
-      time.sleep(PAUSE_S)
-      for _ in range(WARM_STEPS):
-        systems[i][1]()
-      t = time.perf_counter()
+  def settle(i: int) -> None:
+    time.sleep(PAUSE_S)
+    for _ in range(WARM_STEPS):
       systems[i][1]()
-      times[i].append(time.perf_counter() - t)
+  times = timing.alternating([step for _, step in systems], rounds, before=settle)
   return [finish(meta, t) for (meta, _), t in zip(systems, times)]
 
 
@@ -266,7 +213,7 @@ def _parse_args() -> argparse.Namespace:
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--steps", type=int, default=10)
   ap.add_argument("--only", default="", help="comma-separated subset of " + ",".join(CONFIGS))
-  ap.add_argument("--dtypes", default="float32,bfloat16")
+  timing.add_dtype_flag(ap, "float32,bfloat16", several=True)
   ap.add_argument("--peak", type=float, default=0.0,
                   help="peak FLOP/s of the whole mesh (default: CPU matmul probe / device kind)")
   ap.add_argument("--peer", action="store_true",
@@ -285,7 +232,7 @@ def _measure_rows(args) -> list[dict]:
   names = [n for n in (args.only.split(",") if args.only else CONFIGS) if n]
   rows, systems = [], []
   for name in names:
-    for dtype in ([FIXED_DTYPE[name]] if name in FIXED_DTYPE else args.dtypes.split(",")):
+    for dtype in ([FIXED_DTYPE[name]] if name in FIXED_DTYPE else args.dtype.split(",")):
       cfg = CONFIGS[name]()
       cfg.model.dtype = dtype
       cfg.validate()
@@ -297,7 +244,7 @@ def _measure_rows(args) -> list[dict]:
       print(f"  measured {name} {dtype}: {rows[-1]['step_ms']:.0f} ms, "
             f"{rows[-1]['tokens_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
   if args.peer:
-    for dtype, autocast in [(d, a) for d in args.dtypes.split(",")
+    for dtype, autocast in [(d, a) for d in args.dtype.split(",")
                             for a in ((False, True) if d != "float32" else (False,))]:
       if args.alternate:
         peer = prepare_peer(dtype, autocast)
@@ -313,10 +260,10 @@ def _measure_rows(args) -> list[dict]:
         print("--peer: torch / transformers not installed; no peer rows", file=sys.stderr)
         break
   if args.alternate:
-    for dtype in args.dtypes.split(","):  # A probe before and after: the best is kept.
+    for dtype in args.dtype.split(","):  # A probe before and after: the best is kept.
       refresh_peak(args.peak, dtype)
     rows = alternate(systems, args.steps)
-    for dtype in args.dtypes.split(","):
+    for dtype in args.dtype.split(","):
       refresh_peak(args.peak, dtype)
   return with_mfu(rows, args.peak)
 

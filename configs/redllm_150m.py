@@ -2,7 +2,7 @@
 
 Needs --config.data.data_dir=<RedPajama V1 root>.
 """
-from t5like.training.presets import paper_pretraining
+from t5like.config.presets import paper_pretraining
 
 
 def get_config():

@@ -2,7 +2,7 @@
 
 Needs --config.data.data_dir=<FLAN root> --config.train.init_from=<redllm_8b workdir>.
 """
-from t5like.training.presets import paper_instruction_tuning
+from t5like.config.presets import paper_instruction_tuning
 
 
 def get_config():

@@ -2,7 +2,7 @@
 
 The default of `python train.py` with no arguments.
 """
-from t5like.training.presets import tiny_pretraining
+from t5like.config.presets import tiny_pretraining
 
 
 def get_config():

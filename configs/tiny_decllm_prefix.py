@@ -1,6 +1,6 @@
 """Tiny DecLLM prefix LM (bidirectional attention over the first 64 tokens) on the embedded
 RedPajama sample."""
-from t5like.training.presets import tiny_pretraining
+from t5like.config.presets import tiny_pretraining
 
 
 def get_config():

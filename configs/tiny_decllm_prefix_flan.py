@@ -2,7 +2,7 @@
 
 Initialise from a tiny DecLLM pretraining run: --config.train.init_from=runs/tiny_decllm
 """
-from t5like.training.presets import tiny_instruction_tuning
+from t5like.config.presets import tiny_instruction_tuning
 
 
 def get_config():

@@ -1,5 +1,5 @@
 """Tiny RedLLM (mid-split prefix LM, 64 input + 64 target tokens) on embedded RedPajama."""
-from t5like.training.presets import tiny_pretraining
+from t5like.config.presets import tiny_pretraining
 
 
 def get_config():

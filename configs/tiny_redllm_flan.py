@@ -2,7 +2,7 @@
 
 Initialise from a tiny RedLLM pretraining run: --config.train.init_from=runs/tiny_redllm
 """
-from t5like.training.presets import tiny_instruction_tuning
+from t5like.config.presets import tiny_instruction_tuning
 
 
 def get_config():

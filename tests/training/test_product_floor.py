@@ -2,7 +2,6 @@
 model's (docs/flops.md) less the attention core's, which runs in its own kernel."""
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest
@@ -14,10 +13,10 @@ from train_helpers import REPO
 
 @pytest.fixture(scope="module")
 def product_floor():
-  path = list(sys.path)  # The benchmark adds its folders to sys.path at import.
-  sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+  path = list(sys.path)  # The benchmark adds the checkout to sys.path at import.
+  sys.path.insert(0, REPO)
   try:
-    import product_floor
+    from benchmarks import product_floor
   finally:
     sys.path[:] = path
   return product_floor

@@ -21,9 +21,9 @@ def step_trace():
   # folders to sys.path: keep this process's environment (which later subprocess tests inherit)
   # and import path as they were.
   flags, path = os.environ.get("XLA_FLAGS"), list(sys.path)
-  sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+  sys.path.insert(0, REPO)
   try:
-    import step_trace
+    from benchmarks import step_trace
   finally:
     sys.path[:] = path
     if flags is None:

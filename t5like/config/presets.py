@@ -12,6 +12,8 @@ before compiling (``t5like.data.checks``).
 - ``paper_instruction_tuning(family, size, prefix)``: FLAN, 190K steps, batch 1024, 2048 input /
   512 target, constant 1e-3, dropout 0.05, no z-loss; ``prefix=True`` is "DecLLM + BiAttn"
   (bidirectional attention over the input). Set ``train.init_from`` to the pretraining run.
+- ``BENCHMARK_CONFIGS``: the shapes ``benchmarks/`` time (``small_*``: the comparison shape of
+  docs/performance.md; ``medium_*``: 150M widths, fewer layers; ``tiny_*``: the tiny presets).
 - ``tiny_pretraining`` / ``tiny_instruction_tuning``: the same recipes shrunk to train in a few
   minutes on 2 CPU cores on the embedded corpora (float32 compute, vocab of the embedded
   SentencePiece model, schedule lengths scaled with the number of steps). Their peak learning
@@ -153,3 +155,49 @@ def tiny_instruction_tuning(family: str, *, prefix: bool = False, steps: int = 2
   t.adafactor_decay_rate, t.clip_grad_norm, t.z_loss = 0.8, 1.0, 0.0
   t.init_from = ""  # --config.train.init_from=<tiny pretraining workdir>
   return cfg.validate()
+
+
+def small_config(family: str) -> Config:
+  """The comparison shape of docs/performance.md: d512, 8 x 64 heads, SwiGLU 1408, vocab 8192;
+  DecLLM L4 at S256, RedLLM 2+2 layers at 128 input + 128 target. Scanned layers recompute their
+  elementwise results from the saved weight products: on CPU never slower than stacking every
+  activation."""
+  cfg = Config()
+  cfg.model = ModelConfig(family=family, vocab_size=8192, d_model=512, num_heads=8, head_dim=64,
+                          d_ff=1408, num_layers=4, num_encoder_layers=2, num_decoder_layers=2,
+                          attn_out_norm=family == "redllm", remat_policy="dots_no_batch")
+  cfg.data.sequence_length, cfg.data.inputs_length, cfg.data.targets_length = 256, 128, 128
+  cfg.train.batch_size, cfg.train.warmup_steps, cfg.train.steps = 8, 10, 1000
+  return cfg
+
+
+def medium_config(family: str) -> Config:
+  """150M-like (paper 150M widths, fewer layers, lengths scaled): memory-bound behaviour shows."""
+  cfg = Config()
+  cfg.model = ModelConfig(family=family, vocab_size=32768, d_model=1024, num_heads=8,
+                          head_dim=128, d_ff=4096, num_layers=8, num_encoder_layers=4,
+                          num_decoder_layers=4, attn_out_norm=family == "redllm",
+                          dtype="bfloat16", remat_policy="full")
+  cfg.data.sequence_length, cfg.data.inputs_length, cfg.data.targets_length = 1024, 512, 512
+  cfg.train.batch_size, cfg.train.warmup_steps, cfg.train.steps = 4, 10, 1000
+  return cfg
+
+
+def unrolled(cfg: Config) -> Config:
+  """The same model as a Python loop of layers, without remat (each at its fastest on CPU)."""
+  cfg.model.scan_layers, cfg.model.remat_policy = False, "none"
+  return cfg
+
+
+# The benchmarks' configs by name (unvalidated: a benchmark sets the dtype first); the medium
+# ones are timed in bfloat16 only.
+BENCHMARK_CONFIGS = {
+    "tiny_decllm": lambda: tiny_pretraining("decllm"),
+    "tiny_redllm": lambda: tiny_pretraining("redllm"),
+    "small_decllm": lambda: small_config("decllm"),
+    "small_redllm": lambda: small_config("redllm"),
+    "small_decllm_unrolled": lambda: unrolled(small_config("decllm")),
+    "medium_decllm": lambda: medium_config("decllm"),
+    "medium_redllm": lambda: medium_config("redllm"),
+}
+BENCHMARK_FIXED_DTYPE = {"medium_decllm": "bfloat16", "medium_redllm": "bfloat16"}

@@ -113,3 +113,34 @@ def test_image_install_step_resolves(extras, tmp_path):
       report.read_text())["install"]}
   assert {"jax", "flax", "optax", "orbax-checkpoint", "seqio"} <= names
   assert ("libtpu" in names) if extras.startswith("tpu") else any("cuda" in n for n in names)
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+  """Whether Docker's context leaves ``path`` out (the patterns used here: globs, ``**/``)."""
+  import fnmatch
+  parts = path.split("/")
+  prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+  for pattern in patterns:
+    if pattern.startswith("**/"):
+      tail = pattern[3:]
+      if any(fnmatch.fnmatch(p.rsplit("/", 1)[-1], tail) or fnmatch.fnmatch(p, tail)
+             for p in prefixes):
+        return True
+    elif any(fnmatch.fnmatch(p, pattern) for p in prefixes):
+      return True
+  return False
+
+
+def test_the_build_context_leaves_out_what_the_host_built_or_ran():
+  text = open(os.path.join(REPO, ".dockerignore")).read()
+  patterns = [p.strip().rstrip("/") for p in text.splitlines()
+              if p.strip() and not p.startswith("#")]
+  for path in ("t5like/kernels/_cpu.cpython-311-x86_64-linux-gnu.so", ".venv/bin/python",
+               ".venv-tpu/lib/x.py", "runs/tiny_decllm/checkpoints/1/state", "workdirs/a/b",
+               ".git/HEAD", "t5like/models/__pycache__/layers.cpython-311.pyc", "build/lib/x",
+               "t5like.egg-info/PKG-INFO"):
+    assert _ignored(path, patterns), path
+  for path in ("t5like/kernels/argmax.cc", "t5like/models/layers.py", "configs/tiny_decllm.py",
+               "pyproject.toml", "setup.py", "README.md", "train.py",
+               "t5like/data/embedded/spm.model"):
+    assert not _ignored(path, patterns), path

@@ -15,14 +15,21 @@ import os
 import sys
 import time
 
+from t5like import cli
+
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv: list[str] | None = None) -> int:
+  return cli.guard(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", default=os.path.join("runs", "demo"))
   parser.add_argument("--steps", type=int, default=0, help="training steps (default: the config's)")
+  cli.add_debug_argument(parser)
   args = parser.parse_args(argv)
 
   from t5like import runtime

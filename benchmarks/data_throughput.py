@@ -9,7 +9,7 @@ The corpus is generated once into ``--corpus_dir`` by `t5like.tools.make_paper_c
 RedPajama subsets with hundreds of shards, ``--flan_tasks`` FLAN tasks of 10-10,000 examples,
 ``.jsonl.zst``); ``tfds`` rows convert it once (one process per subset) into
 ``<corpus_dir>/tfds``. Every row reads through `t5like.data.pipeline.make_iterator`, as training
-does, with the data settings of the paper presets (`t5like.training.presets`: stream chunking,
+does, with the data settings of the paper presets (`t5like.config.presets`: stream chunking,
 RedLLM 1024+1024, FLAN 2048+512 with one pipeline per sub-mixture and counts from the cache next
 to the data) and the embedded 8,192-piece vocabulary. ``--flan_grouping task`` measures FLAN with
 one pipeline per task instead (minutes to build and ~15 MB of host memory per task).

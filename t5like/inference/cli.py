@@ -63,7 +63,7 @@ def run(args: argparse.Namespace, overrides: Sequence[str] = ()) -> int:
                     sampling=sampling, rng=jax.random.key(args.seed),
                     mesh=partitioning.make_mesh(cfg.mesh))
   except (ConfigError, FileNotFoundError, ValueError) as e:  # Prompts, sampling settings.
-    cli.print_error(e, cli.debugging())
+    cli.print_error(e, getattr(args, "debug", False) or cli.debugging([]))
     return cli.EXIT_USER_ERROR
   print(f"{cfg.model.family} checkpoint {step_dir}")
   for i, (p, o) in enumerate(zip(prompts, outs)):

@@ -12,6 +12,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ERROR_LINE = re.compile(r"^(E\d{4} |F\d{4} |Traceback|ERROR[: ])")  # glog/absl E/F, Python.
 
@@ -38,19 +40,26 @@ def test_the_probe_filter_keeps_other_lines(capfd):
   assert "failed call to cuInit" not in capfd.readouterr().err or runtime.has_nvidia_driver()
 
 
-def test_a_start_shows_only_the_projects_lines(tmp_path):
-  """eval.py imports TensorFlow (through ``runtime.init_tensorflow``) and restarts itself for
-  huge pages; a missing checkpoint then ends it: stderr is the error block and nothing else
-  (TensorFlow's oneDNN / cudart_stub / absl lines are filtered, before and after the restart)."""
+@pytest.mark.parametrize("command", ["eval.py", "build_vocab"])
+def test_a_start_shows_only_the_projects_lines(tmp_path, command):
+  """eval.py and a tool import TensorFlow (through ``runtime.init_tensorflow``; eval.py also
+  restarts itself for huge pages); a missing input then ends them: stderr is the error block and
+  nothing else (TensorFlow's oneDNN / cudart_stub / absl lines are filtered)."""
   env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL",)}
-  proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--workdir",
-                         str(tmp_path / "no_run")], cwd=tmp_path, env=env, capture_output=True,
+  env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
+  missing = str(tmp_path / "missing")
+  if command == "eval.py":
+    argv = [os.path.join(ROOT, "eval.py"), "--workdir", missing]
+    message = (f"error: no checkpoint found under {missing!r}; expected "
+               "<workdir>/checkpoints/<step>/state as written by train.py")
+  else:
+    argv = ["-m", "t5like.tools.build_vocab", "--input", f"{missing}/*.jsonl", "--output_prefix",
+            str(tmp_path / "spm")]
+    message = f"error: build_vocab: no file matches --input pattern '{missing}/*.jsonl'"
+  proc = subprocess.run([sys.executable] + argv, cwd=tmp_path, env=env, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 2, proc.stderr[-3000:]
-  assert proc.stderr.splitlines() == [
-      f"error: no checkpoint found under {str(tmp_path / 'no_run')!r}; expected "
-      "<workdir>/checkpoints/<step>/state as written by train.py",
-      "(the traceback: add --debug or set T5LIKE_DEBUG=1)"]
+  assert proc.stderr.splitlines() == [message, "(the traceback: add --debug or set T5LIKE_DEBUG=1)"]
 
 
 def test_the_start_up_filter_drops_only_tensorflows_chatter():

@@ -32,12 +32,15 @@ import sys
 import tempfile
 from typing import IO, Iterator, Sequence
 
-import tensorflow as tf
+from etils import epy
 
-from t5like import cli
+from t5like import cli, runtime
 from t5like.data import sources
 from t5like.data import vocab as vocab_lib
 from t5like.errors import UserError
+
+with epy.lazy_imports():  # Loaded by main() under runtime's filter (no start-up chatter).
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 
 class NoInputError(UserError, FileNotFoundError):
@@ -200,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> str | pathlib.Path:
   parser = build_parser()
   cli.add_debug_argument(parser)
   args = parser.parse_args(argv)
+  runtime.init_tensorflow()
   if bool(args.input) == bool(args.data_dir):
     raise SystemExit("build_vocab: give either --input globs or --data_dir (a corpus root)")
   record = {"vocab_size": args.vocab_size, "model_type": args.model_type, "byte_fallback": True,

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Sequence
 
-from t5like import cli
+from t5like import cli, runtime
 from t5like.data import counts, sources
 
 
@@ -63,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument("--bad_records", default="skip", choices=sources.POLICIES)
   cli.add_debug_argument(p)
   args = p.parse_args(argv)
+  runtime.init_tensorflow()
   report: dict = {}
   try:
     if args.corpus == "flan":

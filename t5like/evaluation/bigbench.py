@@ -1,24 +1,26 @@
 """Downstream tasks in BIG-bench's JSON task format (and FLAN-layout records), zero- and few-shot.
 
 A BIG-bench task file is a JSON object with ``examples`` (each with ``input`` and either
-``target_scores`` — option -> score, the best options being correct — or ``target``, a string or
-list of acceptable strings) and optional ``task_prefix``, ``example_input_prefix`` (default
+``target_scores`` — option -> score, partial credit allowed — or ``target``, a string or list of
+acceptable strings) and optional ``task_prefix``, ``example_input_prefix`` (default
 ``"\\nQ: "``), ``example_output_prefix`` (default ``"\\nA: "``), ``choice_prefix`` (default
 ``"\\n  choice: "``), ``append_choices_to_input`` (default true), ``few_shot_example_separator``
 (default ``"\\n"``), ``stop_string`` / ``output_regex`` (how a generation is cut before it is
-compared: at the stop string — by default the few-shot separator — then the regex's first match,
-if given), ``metrics`` (e.g. ``multiple_choice_grade``, ``exact_str_match``) and
+compared), ``metrics`` (e.g. ``multiple_choice_grade``, ``exact_str_match``) and
 ``name`` / ``description``. FLAN-layout jsonl records (``inputs``, ``targets``) and registered
-seqio tasks (``seqio:NAME[@split][#N]``) load as generative tasks. Prompts follow BIG-bench's
-layout; k-shot examples are drawn with a fixed seed from the other examples of the task, never
-the scored one.
+seqio tasks (``seqio:NAME[@split][#N]``) load as generative tasks.
+
+Prompts, choice order and few-shot examples follow BIG-bench's JSON-task rules (docs/evaluation.md):
+duplicate examples (identical JSON) are dropped when the file is read; one
+``numpy.random.RandomState(seed)`` (BIG-bench's seed 42) permutes the *sorted* choices of each
+multiple-choice example, in example order, when they are appended to the input; a k-shot prompt
+draws, with the same generator continued, k other examples and one of each one's answers.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-import random
 import re
 from typing import Any, Sequence
 
@@ -34,12 +36,16 @@ class TaskFormatError(ValueError):
   """A task file that cannot be used; the message names the file and the field."""
 
 
+SEED = 42  # BIG-bench's random_seed for choice order and few-shot draws.
+
+
 @dataclasses.dataclass(frozen=True)
 class Example:
   input: str  # The question / context, without prefixes.
-  choices: tuple[str, ...] = ()  # Options (multiple choice), in file order.
-  scores: tuple[float, ...] = ()  # Their target_scores; the maximal ones are correct.
-  targets: tuple[str, ...] = ()  # Acceptable generations (generative tasks).
+  choices: tuple[str, ...] = ()  # Options (multiple choice), in file order: scored in this order.
+  scores: tuple[float, ...] = ()  # Their target_scores (the grade adds the chosen one's).
+  targets: tuple[str, ...] = ()  # Generative: acceptable generations. Multiple choice: the
+  # answers a few-shot example may show (the file's "target", else the first best option).
 
   @property
   def is_multiple_choice(self) -> bool:
@@ -55,20 +61,47 @@ class Task:
   name: str  # Task name (file's "name", else the file stem).
   path: str  # Where it was read from.
   sha256: str  # Hash of the file's bytes (reports record it).
-  examples: tuple[Example, ...]
+  examples: tuple[Example, ...]  # Distinct examples, in file order.
   metrics: tuple[str, ...]  # Metrics to report.
   fmt: dict[str, Any]  # Prompt-format fields (DEFAULTS overridden by the file).
+  duplicates: int = 0  # Examples dropped as exact duplicates of an earlier one.
 
-  def prompt(self, example: Example, shots: Sequence[Example] = ()) -> str:
-    """The model's context for ``example`` (its answer is scored or generated after it)."""
-    f = self.fmt
-    parts = [f["task_prefix"]] if f["task_prefix"] else []
-    for shot in shots:
-      answer = shot.choices[min(shot.correct())] if shot.is_multiple_choice else shot.targets[0]
-      parts.append(self._question(shot) + f["example_output_prefix"] + answer
-                   + f["few_shot_example_separator"])
-    parts.append(self._question(example) + f["example_output_prefix"])
-    return "".join(parts)
+  def _formatted(self, rng) -> list[str]:
+    """Each example as BIG-bench formats it: input prefix, input, the appended choices (a
+    permutation of the sorted options drawn from ``rng``, in example order), output prefix."""
+    f, out = self.fmt, []
+    for ex in self.examples:
+      text = f["example_input_prefix"] + ex.input
+      if ex.is_multiple_choice and f["append_choices_to_input"]:
+        shown = [str(c) for c in rng.permutation(sorted(ex.choices))]
+        text += "".join(f["choice_prefix"] + c for c in shown)
+      out.append(text + f["example_output_prefix"])
+    return out
+
+  def prompts(self, k: int = 0, seed: int = SEED) -> list[str]:
+    """The model's context for every example with ``k`` shots (its answer is scored or
+    generated after it): ``task_prefix`` + [k shots joined and followed by the separator] +
+    the formatted example. Each shot is another example (drawn without replacement) followed
+    by one of its answers (drawn), from the generator that ordered the choices."""
+    import numpy as np
+    rng = np.random.RandomState(seed)
+    formatted = self._formatted(rng)
+    prefix, sep = self.fmt["task_prefix"], self.fmt["few_shot_example_separator"]
+    if k <= 0:
+      return [prefix + q for q in formatted]
+    n = len(self.examples)
+    if n < k + 1:
+      raise ValueError(f"task {self.name} has {n} distinct examples: too few for {k} shots")
+    out = []
+    for i in range(n):
+      others = [j for j in range(n) if j != i]
+      shots = []
+      for pick in rng.choice(len(others), k, replace=False):
+        j = others[int(pick)]
+        answers = self.examples[j].targets
+        shots.append(formatted[j] + answers[int(rng.choice(len(answers)))])
+      out.append(prefix + sep.join(shots) + sep + formatted[i])
+    return out
 
   def answer(self, generated: str) -> str:
     """A generation as exact match compares it: cut at ``stop_string`` (default: the few-shot
@@ -83,20 +116,20 @@ class Task:
       generated = m.group(0) if m else ""
     return generated.strip()
 
-  def _question(self, example: Example) -> str:
-    f = self.fmt
-    text = f["example_input_prefix"] + example.input
-    if example.is_multiple_choice and f["append_choices_to_input"]:
-      text += "".join(f["choice_prefix"] + c for c in example.choices)
-    return text
 
-  def shots_for(self, index: int, k: int, seed: int) -> list[Example]:
-    """k examples other than ``examples[index]``, the same for the same (task, index, seed)."""
-    if k <= 0:
-      return []
-    others = [i for i in range(len(self.examples)) if i != index]
-    rng = random.Random(f"{self.name}:{seed}:{index}")
-    return [self.examples[i] for i in rng.sample(others, min(k, len(others)))]
+def argmax(values: Sequence[float]) -> int:
+  """BIG-bench's argmax: among tied maxima, the one picked by the SHA-256 of the values' float64
+  bytes (deterministic, and not always the first)."""
+  import numpy as np
+  a = np.asarray(values, np.float64)
+  best = np.flatnonzero(a == a.max())
+  return int(best[int(hashlib.sha256(a.tobytes()).hexdigest(), 16) % len(best)])
+
+
+def grade(example: Example, values: Sequence[float]) -> float:
+  """``multiple_choice_grade`` of one example: the target score of the option with the highest
+  value (``values`` in ``example.choices`` order), ties broken as ``argmax``."""
+  return float(example.scores[argmax(values)])
 
 
 def _fail(path, msg: str):
@@ -116,9 +149,11 @@ def _example(path, i: int, raw: Any) -> Example:
       scores = tuple(float(v) for v in ts.values())
     except (TypeError, ValueError):
       _fail(path, f"{where}.target_scores values must be numbers")
-    targets = raw.get("target", ())
-    targets = (targets,) if isinstance(targets, str) else tuple(targets)
-    return Example(raw["input"], tuple(str(k) for k in ts), scores, targets)
+    choices = tuple(str(k) for k in ts)
+    t = raw.get("target")  # What a few-shot example shows; by default the first best option.
+    targets = ((t,) if isinstance(t, str) else tuple(t) if isinstance(t, list) and t else
+               (choices[scores.index(max(scores))],))
+    return Example(raw["input"], choices, scores, tuple(str(x) for x in targets))
   if "target" in raw:
     t = raw["target"]
     targets = (t,) if isinstance(t, str) else tuple(t) if isinstance(t, list) else None
@@ -165,7 +200,13 @@ def load_task(path: str) -> Task:
       if not isinstance(raw[key], want):
         _fail(path, f"field {key!r} must be a {want.__name__}")
       fmt[key] = raw[key]
-  examples = tuple(_example(path, i, e) for i, e in enumerate(raw["examples"]))
+  seen, distinct = set(), []
+  for i, e in enumerate(raw["examples"]):  # BIG-bench drops exact duplicates, keeping order.
+    key = json.dumps(e)
+    if key not in seen:
+      seen.add(key)
+      distinct.append(_example(path, i, e))
+  examples = tuple(distinct)
   metrics = raw.get("metrics") or (["multiple_choice_grade"] if examples[0].is_multiple_choice
                                    else ["exact_str_match"])
   if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
@@ -173,7 +214,8 @@ def load_task(path: str) -> Task:
   known = tuple(m for m in metrics if m in KNOWN_METRICS) or (
       ("multiple_choice_grade",) if examples[0].is_multiple_choice else ("exact_str_match",))
   name = raw.get("name") or p.name.rsplit(".", 1)[0]
-  return Task(str(name), str(path), digest, examples, known, fmt)
+  return Task(str(name), str(path), digest, examples, known, fmt,
+              duplicates=len(raw["examples"]) - len(examples))
 
 
 SEQIO_PREFIX = "seqio:"

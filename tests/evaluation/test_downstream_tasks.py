@@ -32,28 +32,113 @@ def test_bigbench_fields_shape_the_prompt(tmp_path):
   task = bigbench.load_task(_write(tmp_path, "toy.json", TASK))
   assert task.name == "toy" and task.metrics == ("multiple_choice_grade",)  # bleu: unknown.
   ex = task.examples[1]
-  assert ex.choices == ("yes", "no") and ex.correct() == {0}
-  shot = task.examples[2]
-  assert task.prompt(ex, [shot]) == ("Answer.\n\nIn: q2\n - yes\n - no\nOut: no\n##\n"
-                                     "\nIn: q1\n - yes\n - no\nOut: ")
+  assert ex.choices == ("yes", "no") and ex.correct() == {0} and ex.targets == ("yes",)
+  # Two choices: RandomState(42) permutes the sorted ["no", "yes"] for each example in turn.
+  rng = np.random.RandomState(42)
+  orders = [list(rng.permutation(["no", "yes"])) for _ in range(6)]
+  zero = task.prompts(0)
+  assert zero[1] == "Answer.\n\nIn: q1" + "".join("\n - " + c for c in orders[1]) + "\nOut: "
   hidden = bigbench.load_task(_write(tmp_path, "h.json", {**TASK, "append_choices_to_input": False}))
-  assert hidden.prompt(hidden.examples[0]) == "Answer.\n\nIn: q0\nOut: "
+  assert hidden.prompts(0)[0] == "Answer.\n\nIn: q0\nOut: "
   defaults = bigbench.load_task(_write(tmp_path, "d.json", {"examples": [
       {"input": "2+2", "target": ["4", "four"]}]}))
-  assert defaults.prompt(defaults.examples[0]) == "\nQ: 2+2\nA: "
+  assert defaults.prompts(0) == ["\nQ: 2+2\nA: "]
   assert defaults.metrics == ("exact_str_match",) and defaults.examples[0].targets == ("4", "four")
   flan = bigbench.load_task(_write(tmp_path, "f.jsonl", '{"inputs": "hi", "targets": "yo"}\n'))
-  assert flan.examples[0].targets == ("yo",) and flan.prompt(flan.examples[0]) == "hi\n"
+  assert flan.examples[0].targets == ("yo",) and flan.prompts(0) == ["hi\n"]
 
 
-def test_k_shot_is_deterministic_and_never_the_scored_example(tmp_path):
-  task = bigbench.load_task(_write(tmp_path, "toy.json", TASK))
-  for i in range(6):
-    shots = task.shots_for(i, 3, seed=7)
-    assert len(shots) == 3 and task.examples[i] not in shots
-    assert shots == task.shots_for(i, 3, seed=7)
-  assert any(task.shots_for(i, 3, 7) != task.shots_for(i, 3, 8) for i in range(6))
-  assert len(task.shots_for(0, 10, 0)) == 5  # Capped at the other examples.
+def test_appended_choices_are_a_seeded_permutation_of_the_sorted_choices(tmp_path):
+  """BIG-bench: one RandomState(42), in example order, permutes each example's sorted options;
+  the file order of ``target_scores`` plays no part (it is only the scoring order)."""
+  files = [["delta", "alpha", "charlie", "bravo"], ["z", "y", "x"], ["p", "q", "r", "s", "t"]]
+  task = bigbench.load_task(_write(tmp_path, "p.json", {"examples": [
+      {"input": f"e{i}", "target_scores": {c: float(j == 0) for j, c in enumerate(ch)}}
+      for i, ch in enumerate(files)]}))
+  rng = np.random.RandomState(42)
+  want = [list(rng.permutation(sorted(ch))) for ch in files]
+  for i, prompt in enumerate(task.prompts(0)):
+    assert prompt == f"\nQ: e{i}" + "".join("\n  choice: " + c for c in want[i]) + "\nA: "
+  assert [list(e.choices) for e in task.examples] == files  # Scored (and graded) in file order.
+  assert any(w != f for w, f in zip(want, files))  # The file order would have differed.
+  reordered = bigbench.load_task(_write(tmp_path, "r.json", {"examples": [
+      {"input": f"e{i}", "target_scores": {c: float(j == 0) for j, c in
+                                           reversed(list(enumerate(ch)))}}
+      for i, ch in enumerate(files)]}))
+  assert reordered.prompts(0) == task.prompts(0)  # Same options, other file order: same prompt.
+
+
+def test_k_shot_prompts_follow_bigbench_draws(tmp_path):
+  """k-shot: the generator that ordered the choices then draws, for each example in order, k
+  others without replacement and one answer of each; shots are joined by the separator and
+  the task prefix comes once, first."""
+  examples = [{"input": f"q{i}", "target_scores": {"yes": i % 2, "no": 1 - i % 2}}
+              for i in range(5)]
+  examples[3]["target"] = ["no", "nope"]  # An explicit target: the answers a shot may show.
+  task = bigbench.load_task(_write(tmp_path, "toy.json", {**TASK, "examples": examples}))
+  rng = np.random.RandomState(42)
+  fmt = [f"\nIn: q{i}" + "".join("\n - " + c for c in rng.permutation(["no", "yes"])) + "\nOut: "
+         for i in range(5)]
+  answers = [("no",), ("yes",), ("no",), ("no", "nope"), ("no",)]
+  want = []
+  for i in range(5):
+    others = [j for j in range(5) if j != i]
+    shots = [others[p] for p in rng.choice(4, 2, replace=False)]
+    assert i not in shots
+    ctx = "\n##\n".join(fmt[j] + answers[j][rng.choice(len(answers[j]))] for j in shots)
+    want.append("Answer.\n" + ctx + "\n##\n" + fmt[i])
+  assert task.prompts(2) == want
+  assert task.prompts(2) == want  # Deterministic.
+  assert task.prompts(2, seed=7) != want
+  with pytest.raises(ValueError, match="5 distinct examples: too few for 5 shots"):
+    task.prompts(5)
+
+
+def test_duplicate_examples_are_dropped(tmp_path):
+  ex = {"input": "q", "target_scores": {"a": 1, "b": 0}}
+  task = bigbench.load_task(_write(tmp_path, "d.json", {"examples": [
+      ex, {"input": "r", "target": "x"}, ex, dict(ex), {**ex, "comment": "other"}]}))
+  assert len(task.examples) == 3 and task.duplicates == 2
+
+
+def test_ties_are_broken_by_the_hash_of_the_scores():
+  """BIG-bench's argmax: among tied maxima, index sha256(float64 bytes) mod their number."""
+  import hashlib
+  picks = []
+  for k in range(8):
+    values = [-1.0 - k, -3.0 - k, -1.0 - k, -2.0 - k, -1.0 - k]
+    tied = [0, 2, 4]
+    h = int(hashlib.sha256(np.asarray(values, np.float64).tobytes()).hexdigest(), 16)
+    assert bigbench.argmax(values) == tied[h % 3]
+    picks.append(bigbench.argmax(values))
+  assert set(picks) != {0}  # Not simply the first maximum (np.argmax).
+  assert bigbench.argmax([0.0, -1.0, -2.0]) == 0
+
+
+class _Chars:
+  """A vocabulary of one id per character (enough for the grading tests)."""
+  eos_id = 1
+
+  def encode(self, text):
+    return [ord(c) for c in text]
+
+
+def test_multiple_choice_grade_gives_partial_credit_and_ignores_duplicates(tmp_path, monkeypatch):
+  """The issue's case: the chosen options carry target scores 1 and 0.5 and one example is
+  repeated 5 times: BIG-bench's grade is (1 + 0.5) / 2 = 0.75 — not the share of examples whose
+  choice has the top score, counted with the duplicates (1/6 here)."""
+  from t5like.evaluation import downstream
+  preferred = {"good": 0.0, "half": -0.1, "best": -5.0, "bad": -9.0}
+  monkeypatch.setattr(downstream, "option_loglikelihoods", lambda model, pairs: [
+      preferred["".join(map(chr, option))] for _, option in pairs])
+  one = {"input": "a", "target_scores": {"bad": 0, "good": 1}}
+  half = {"input": "b", "target_scores": {"best": 1, "half": 0.5, "bad": 0}}
+  task = bigbench.load_task(_write(tmp_path, "g.json", {"examples": [one] + [half] * 5}))
+  out = downstream.score_tasks(None, _Chars(), [task], shots=(0, 1))["tasks"]["g"]
+  assert out["duplicates"] == 4 and out["examples"] == 2
+  assert out["0-shot"]["multiple_choice_grade"] == pytest.approx(0.75)
+  assert out["0-shot"]["multiple_choice_grade_stderr"] == pytest.approx(0.25)  # std 0.354/sqrt 2
+  assert out["1-shot"]["multiple_choice_grade"] == pytest.approx(0.75)
 
 
 @pytest.mark.parametrize("blob,field", [
@@ -131,14 +216,14 @@ def test_generative_tasks_score_greedy_generations_by_exact_match(tmp_path):
   model = tiny_model("decllm", seed=5, vocab_size=vocab.vocab_size)
   base = {"examples": [{"input": "3 plus 4", "target": "?"}, {"input": "1 plus 1", "target": "?"}]}
   probe = bigbench.load_task(_write(tmp_path, "probe.json", base))
-  prompt = list(vocab.encode(probe.prompt(probe.examples[0])))
+  prompt = list(vocab.encode(probe.prompts(0)[0]))
   out = generate(model, [prompt], max_new_tokens=5, eos_id=vocab.eos_id)[0]
   said = probe.answer(vocab.decode(out))
   task = bigbench.load_task(_write(tmp_path, "gen.json", {"examples": [
       {"input": "3 plus 4", "target": [said, "seven"]},
       {"input": "1 plus 1", "target": "certainly not generated"}]}))
   result = score_tasks(model, vocab, [task], shots=(0, 1), max_new_tokens=5)  # As the probe.
-  assert result["tasks"]["gen"]["0-shot"] == {"exact_str_match": 0.5}
+  assert result["tasks"]["gen"]["0-shot"]["exact_str_match"] == 0.5
   assert "exact_str_match" in result["tasks"]["gen"]["1-shot"]
 
 

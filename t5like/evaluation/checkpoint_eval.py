@@ -16,16 +16,8 @@ from etils import epath
 
 from t5like import partitioning
 from t5like.config import ConfigError
-from t5like.training.held_out import held_out_metrics, pad_rows
+from t5like.training.held_out import pad_rows
 from t5like.training.restore import find_step_dir, load_checkpoint_config
-
-
-def child_names(mixture: str) -> list[str]:
-  """The direct parts of a registered mixture (subsets / sub-mixtures), for a per-task report."""
-  from t5like.data import tasks
-  prefix = mixture + "."
-  return sorted(n for n in tasks.list_names(include_seqio=False)
-                if n.startswith(prefix) and "." not in n[len(prefix):])
 
 
 def evaluate_checkpoint(path: str, *, step: int | None = None, overrides: Sequence[str] = (),
@@ -38,12 +30,14 @@ def evaluate_checkpoint(path: str, *, step: int | None = None, overrides: Sequen
     step: a specific step (default: the newest).
     overrides: dotted config overrides applied to the stored config (e.g. data settings).
     mixtures: what to score (default: ``data.eval_mixture`` or ``data.mixture``).
-    per_task: also score each direct part of every mixture.
-    max_batches: stop each score after this many batches (0: the whole validation split).
+    per_task: also report each direct part of every mixture.
+    max_batches: global batches per mixture, split across its parts by rate (at least one
+      each); 0: every validation row. A mixture's loss is the rate-weighted average of its
+      parts' losses, on the same rows as the trainer's periodic eval (``t5like.data.held_out``).
     write: write ``<workdir>/eval/step_<N>.json``.
   """
-  from t5like.data import pipeline
-  from t5like.training import checkpointing, state as state_lib, step as step_lib
+  from t5like.data import held_out as data_held_out, pipeline
+  from t5like.training import checkpointing, held_out, state as state_lib, step as step_lib
   from t5like.training.data import global_batch
 
   t0 = time.time()
@@ -59,22 +53,19 @@ def evaluate_checkpoint(path: str, *, step: int | None = None, overrides: Sequen
     raise ConfigError(f"eval batch {rows} rows is not divisible by {nproc} processes")
   local_rows = rows // nproc
   names = list(mixtures) or [cfg.data.eval_mixture or cfg.data.mixture]
+  to_global = lambda b: global_batch(pad_rows(b, local_rows), setup.batch_sharding, rows)  # noqa
   results: dict[str, dict[str, float]] = {}
-  for name in names:
-    todo = [name]
-    if per_task:
-      pipeline.resolve_mixture(cfg, name)  # Registers it, so its parts are known.
-      todo += child_names(name)
-    for task in todo:
-      it = pipeline.make_iterator(cfg, split="validation", batch_size=local_rows,
-                                  shard_index=pid, num_shards=nproc, shuffle=False,
-                                  repeat=False, mixture=task)
-      to_global = lambda b: global_batch(pad_rows(b, local_rows), setup.batch_sharding, rows)
-      try:
-        results[task] = held_out_metrics(eval_step, params, it, to_global, max_batches)
-      finally:
-        if hasattr(it, "close"):
-          it.close()
+  for name in names:  # A mixture: its parts' fixed samples, combined by rate (as the trainer).
+    parts = data_held_out.parts(cfg, name)
+    scored = held_out.score_parts(eval_step, params, [
+        (p.full, p.rate, data_held_out.sample_iterator_factory(
+            cfg, p, batches=n, global_rows=rows, batch_size=local_rows, shard_index=pid,
+            num_shards=nproc), n)
+        for p, n in zip(parts, data_held_out.part_batches(parts, max_batches))], to_global)
+    results[name] = {k: v for k, v in held_out.combine(scored).items()
+                     if not k.startswith("eval/")}
+    if per_task and len(parts) > 1:
+      results.update({part: metrics for part, _, metrics in scored})
   step_num = int(epath.Path(step_dir).name)
   report = {"checkpoint": step_dir, "step": step_num, "family": cfg.model.family,
             "decoder_attention": cfg.model.decoder_attention,

@@ -35,7 +35,11 @@ class DataSource(Protocol):
   def train(self, batch_size: int, shard_index: int, num_shards: int) -> DataIterator: ...
 
   def eval(self, batch_size: int, shard_index: int, num_shards: int) -> DataIterator | None:
-    """A fresh, finite, unshuffled held-out iterator (same batches every call), or None."""
+    """A fresh, finite, unshuffled held-out iterator (same batches every call), or None.
+
+    A source may also offer ``eval_parts(batch_size, shard_index, num_shards, max_batches)``
+    -> ``[(part, rate, open_iterator, batches)]`` (a mixture's parts, see ``PipelineData``);
+    the trainer then scores each part and reports their rate-weighted average."""
 
 
 class PipelineData:
@@ -66,6 +70,21 @@ class PipelineData:
   def eval(self, batch_size, shard_index, num_shards):
     """The validation split of ``data.eval_mixture`` (default: of ``data.mixture``)."""
     return self._held_out(batch_size, shard_index, num_shards, None)
+
+  def eval_parts(self, batch_size, shard_index, num_shards, max_batches):
+    """``(part, rate, open_iterator, batches)`` for each part of the held-out mixture: its fixed
+    sample (`t5like.data.held_out`), the same rows at every eval and on any host count; the
+    pipelines are built at the first eval and kept."""
+    from t5like.data import held_out
+    key = ("parts", batch_size, shard_index, num_shards, max_batches)
+    if key not in self._eval_pipelines:
+      parts = held_out.parts(self.cfg)
+      self._eval_pipelines[key] = [
+          (p.name, p.rate, held_out.sample_iterator_factory(
+              self.cfg, p, batches=n, global_rows=batch_size * num_shards,
+              batch_size=batch_size, shard_index=shard_index, num_shards=num_shards), n)
+          for p, n in zip(parts, held_out.part_batches(parts, max_batches))]
+    return self._eval_pipelines[key]
 
   def extra_evals(self, batch_size, shard_index, num_shards) -> dict[str, DataIterator]:
     """Fresh iterators over the ``data.extra_eval`` sets, by name (Paloma-style eval)."""

@@ -1,16 +1,25 @@
-"""Held-out token loss, perplexity and accuracy over a finite iterator of packed batches.
+"""Held-out token loss, perplexity and accuracy over a finite iterator of packed batches, and
+a mixture's held-out metrics from its parts'.
 
 Shared by the trainer's periodic eval and by ``eval.py`` (so it lives in training, below
 evaluation). Sums are taken on device and summed over batches; per-token values divide by the
-number of target tokens (``weight``).
+number of target tokens (``weight``). ``eval_loss`` (and accuracy, loss with z) of a mixture is
+the rate-weighted average of its parts' per-token values — the mixture's expected loss under its
+own mixing rates — each part scored on ``t5like.data.held_out``'s fixed sample (the same rows at
+every eval and on any host count) and reported as ``eval/<part>/loss`` and
+``eval/<part>/accuracy``.
 """
 from __future__ import annotations
 
+import logging
 import math
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
+
+log = logging.getLogger(__name__)
+_AVERAGED = ("eval_loss", "eval_loss_with_z", "eval_accuracy")
 
 
 def pad_rows(batch: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
@@ -69,3 +78,51 @@ def held_out_metrics(eval_step: Callable, params: Any, batches: Iterator[Mapping
   return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)),
           "eval_loss_with_z": sums["loss"] / w, "eval_accuracy": sums["correct"] / w,
           "eval_tokens": sums["weight"], "eval_batches": n}
+
+
+def combine(per_part: Sequence[tuple[str, float, Mapping[str, float]]]) -> dict[str, float]:
+  """``(name, rate, metrics)`` of each part -> the mixture's metrics plus per-part entries.
+
+  Parts with no held-out rows (empty metrics) are left out and the others' rates renormalized.
+  One part: its metrics as they are.
+  """
+  scored = [(n, r, m) for n, r, m in per_part if m]
+  if not scored:
+    return {}
+  if len(per_part) == 1:
+    return dict(scored[0][2])
+  for n, _, m in per_part:
+    if not m:
+      log.warning("held-out part %s has no validation rows; the mixture's eval_loss averages "
+                  "the other parts", n)
+  total = sum(r for _, r, _ in scored)
+  out = {k: sum(r * m[k] for _, r, m in scored) / total for k in _AVERAGED}
+  out["eval_perplexity"] = math.exp(min(out["eval_loss"], 50.0))
+  out["eval_tokens"] = sum(m["eval_tokens"] for _, _, m in scored)
+  out["eval_batches"] = sum(m["eval_batches"] for _, _, m in scored)
+  for n, _, m in scored:
+    out[f"eval/{n}/loss"] = m["eval_loss"]
+    out[f"eval/{n}/accuracy"] = m["eval_accuracy"]
+  return out
+
+
+def score_parts(eval_step: Callable, params: Any,
+                parts: Sequence[tuple[str, float, Callable[[], Any], int]],
+                to_global: Callable) -> list[tuple[str, float, dict[str, float]]]:
+  """``(name, rate, metrics)`` of each ``(name, rate, open_iterator, max_batches)`` part."""
+  out = []
+  for name, rate, open_iterator, max_batches in parts:
+    it = open_iterator()
+    try:
+      out.append((name, rate, held_out_metrics(eval_step, params, it, to_global, max_batches)))
+    finally:
+      if hasattr(it, "close"):
+        it.close()
+  return out
+
+
+def evaluate_parts(eval_step: Callable, params: Any,
+                   parts: Sequence[tuple[str, float, Callable[[], Any], int]],
+                   to_global: Callable) -> dict[str, float]:
+  """Scores each ``(name, rate, open_iterator, max_batches)`` part and combines them."""
+  return combine(score_parts(eval_step, params, parts, to_global))

@@ -18,6 +18,7 @@ from t5like.errors import UserError
 from t5like.training.held_out import held_out_metrics, pad_rows
 from t5like.training import aot, checkpointing
 from t5like.training import data as data_lib
+from t5like.training import held_out
 from t5like.training import flops as flops_lib
 from t5like.training import optimizer as opt_lib
 from t5like.training import state as state_lib
@@ -99,22 +100,28 @@ class Trainer:
 
   # ---- evaluate --------------------------------------------------------------------------------
   def evaluate(self) -> dict[str, float]:
-    """Held-out metrics of the current parameters (lock-step over hosts), plus extra eval sets
-    as ``eval/<name>/loss``; {} when evaluation is off or there is no held-out split."""
+    """Held-out metrics of the current parameters (lock-step over hosts): for a mixture the
+    rate-weighted average of its parts plus ``eval/<part>/loss``; extra eval sets as
+    ``eval/<name>/loss``; {} when evaluation is off or there is no held-out split."""
     cfg = self.cfg
     if cfg.train.eval_steps == 0:
       return {}
     rows, pid, nproc = self.eval_rows // self.nproc, self.pid, self.nproc
-    it = self.data.eval(rows, pid, nproc)
-    if it is None:
-      return {}
     to_global = lambda b: data_lib.global_batch(  # noqa: E731
         pad_rows(b, rows), self.setup.batch_sharding, self.eval_rows)
-    try:
-      out = held_out_metrics(self._eval_step, self.state.params, it, to_global,
-                             cfg.train.eval_steps)
-    finally:
-      close_iterator(it)
+    if hasattr(self.data, "eval_parts"):  # A mixture: every part, combined by rate.
+      out = held_out.evaluate_parts(self._eval_step, self.state.params,
+                                    self.data.eval_parts(rows, pid, nproc, cfg.train.eval_steps),
+                                    to_global)
+    else:
+      it = self.data.eval(rows, pid, nproc)
+      if it is None:
+        return {}
+      try:
+        out = held_out_metrics(self._eval_step, self.state.params, it, to_global,
+                               cfg.train.eval_steps)
+      finally:
+        close_iterator(it)
     for name, extra in data_lib.extra_eval_iterators(self.data, rows, pid, nproc):
       try:  # data.extra_eval sets (Paloma style): eval/<name>/loss, eval/<name>/accuracy.
         m = held_out_metrics(self._eval_step, self.state.params, extra, to_global,

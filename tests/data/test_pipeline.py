@@ -192,3 +192,42 @@ def test_interpreter_exits_with_a_live_iterator(redpajama_root, spm_path):
   """)
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def _part_rows(data, rows, shard, shards, eval_steps):
+  """{part: Counter of non-empty packed rows} this host reads in one eval."""
+  out = {}
+  for name, rate, open_iterator, n in data.eval_parts(rows, shard, shards, eval_steps):
+    it = open_iterator()
+    batches = list(it)
+    it.close()
+    assert n == 0 or len(batches) <= n
+    seen = collections.Counter(
+        tuple(b["decoder_target_tokens"][r]) for b in batches
+        for r in range(b["decoder_target_tokens"].shape[0]) if b["decoder_segment_ids"][r].any())
+    out[name] = (rate, seen)
+  return out
+
+
+def test_held_out_sample_covers_every_part_and_is_the_same_on_any_host_count(
+    make_cfg, redpajama_root):
+  """A 3-part mixture: every part is scored (rows split by rate), every eval reads the same
+  rows, and 2 hosts read together exactly the rows 1 host reads."""
+  from t5like.data import held_out
+  from t5like.training.data import PipelineData
+
+  cfg = _rp(make_cfg, redpajama_root, **{"data.sequence_length": 64})
+  parts = held_out.parts(cfg)
+  assert [p.name for p in parts] == ["arxiv", "book", "wikipedia"]
+  assert sum(p.rate for p in parts) == pytest.approx(1.0)
+  one = PipelineData(cfg, check=False)
+  # 3 batches of 2 rows: one batch per part, its first 2 rows (of 3 in each part's split).
+  first = _part_rows(one, 2, 0, 1, 3)
+  assert {n: sum(seen.values()) for n, (_, seen) in first.items()} == {
+      "arxiv": 2, "book": 2, "wikipedia": 2}
+  assert _part_rows(one, 2, 0, 1, 3) == first  # The same rows at the next eval.
+  two = PipelineData(cfg, check=False)
+  h0, h1 = _part_rows(two, 1, 0, 2, 3), _part_rows(two, 1, 1, 2, 3)
+  for name, (rate, seen) in first.items():
+    assert h0[name][1] + h1[name][1] == seen and h0[name][0] == rate
+    assert not set(h0[name][1]) & set(h1[name][1])

@@ -1,12 +1,14 @@
-"""Record counts for mixing rates, cached in a JSON file next to the data and shared by hosts.
+"""Record counts for mixing rates, cached per corpus under ``$T5LIKE_CACHE`` and shared by hosts.
 
 FLAN's examples-proportional rates need the number of good records of every task's train file
 (thousands of files). Counting parses every file, so the counts are kept in
-``<corpus root>/.t5like_counts.json`` (readable from a bucket by every host), one entry per file
-with the file's size and modification time: an entry is reused only while both match, so a changed
-or replaced file is counted again and the cache rewritten. When the root is read-only the cache
-goes to ``$T5LIKE_CACHE/counts/<hash of root>.json`` instead (per machine). Count once for all
-hosts before a multi-host run with ``python -m t5like.tools.prepare_data --data_dir <root>``.
+``$T5LIKE_CACHE/counts/<corpus dir name>-<hash of its resolved path>.json`` (default
+``~/.cache/t5like``), one entry per file with the file's size and modification time: an entry is
+reused only while both match, so a changed or replaced file is counted again and the cache
+rewritten. Nothing is ever written into the corpus, which may be read-only or shared; a
+``<corpus root>/.t5like_counts.json`` left by an older version is still read. Hosts share the
+counts when ``T5LIKE_CACHE`` is a path they all see (e.g. ``gs://bucket/t5like_cache``); count once
+before a multi-host run with ``python -m t5like.tools.prepare_data --data_dir <root>``.
 
 The file is rewritten whole through a temporary name and a rename, so a reader never sees half a
 cache; two hosts counting at once write the same numbers.
@@ -34,10 +36,14 @@ CACHE_NAME = ".t5like_counts.json"
 FORMAT = 1
 
 
-def _local_cache_path(root: str) -> str:
+def cache_path(root: str) -> str:
+  """Where the counts of the corpus at ``root`` are cached (keyed by its resolved path)."""
+  from t5like import paths  # pylint: disable=g-import-not-at-top
   cache = os.environ.get("T5LIKE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "t5like"))
-  digest = hashlib.sha256(root.rstrip("/").encode()).hexdigest()[:12]
-  return os.path.join(cache, "counts", f"{digest}.json")
+  resolved = paths.resolve(root).rstrip("/")
+  digest = hashlib.sha256(resolved.encode()).hexdigest()[:12]
+  name = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(resolved))
+  return f"{cache.rstrip('/')}/counts/{name or 'root'}-{digest}.json"
 
 
 def _schema_key(schema: sources.RecordSchema) -> str:
@@ -82,9 +88,9 @@ class CorpusCounts:
     self.cache_path = ""
 
   def _entries(self, files: Sequence[str]) -> dict[str, tuple[int, int]]:
-    shared = os.path.join(self.root, CACHE_NAME)
-    local = _local_cache_path(self.root)
-    data = _load(shared) or _load(local)
+    legacy = os.path.join(self.root, CACHE_NAME)  # Read if present; never written.
+    cached = cache_path(self.root)
+    data = _load(cached) or _load(legacy)
     entries = data.get("files", {})
     key = _schema_key(self.schema)
     out, todo, stats = {}, [], {}
@@ -109,9 +115,12 @@ class CorpusCounts:
                                             "bytes": nbytes}
       self.counted += len(todo)
       data = {"format": FORMAT, "files": entries}
-      self.cache_path = shared if _write(shared, data) else (local if _write(local, data) else "")
+      self.cache_path = cached if _write(cached, data) else ""
+      if not self.cache_path:
+        log.warning("could not write the record counts cache %s (set T5LIKE_CACHE to a "
+                    "writable directory): the counts will be recomputed next time", cached)
     else:
-      self.cache_path = shared if tf.io.gfile.exists(shared) else local
+      self.cache_path = cached if tf.io.gfile.exists(cached) else legacy
     return out
 
   def count(self, files: Sequence[str]) -> tuple[int, int]:

@@ -18,7 +18,8 @@ raises `BadRecordError` naming the file and line. A missing directory or an empt
 a pure function of ``(path, i)``, so the iterator state is just tf.data counters and can be saved
 and restored exactly. Reading stays linear in the data read: the stream left after chunk ``i`` is
 kept open for chunk ``i + 1`` (up to ``$T5LIKE_OPEN_SHARDS`` streams, default 4096, enough for
-every task file of FLAN; the open-file limit is raised to fit), and the byte offset where each
+every task file of FLAN, and no more than the open-file limit allows: a run raises that limit
+once at its start, ``raise_open_file_limit``, and logs it), and the byte offset where each
 chunk starts is remembered, so a stream that had to be closed reopens with a seek (plain jsonl)
 instead of re-reading its prefix. Only a restored iterator reads a file's prefix again, once.
 """
@@ -191,16 +192,37 @@ def _handle_bad(path: str, lineno: int, kind: str, policy: str, stats: RecordSta
     stats.add(kind)
 
 
-def _raise_open_file_limit(want: int) -> None:
-  """Raises the soft limit on open files towards ``want`` (within the hard limit)."""
+def _soft_open_file_limit() -> int | None:
+  """The process's soft limit on open files (None: unlimited or not POSIX)."""
+  try:
+    import resource  # pylint: disable=g-import-not-at-top
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+  except (ImportError, ValueError, OSError):
+    return None
+  return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def open_shards_wanted() -> int:
+  """Shard streams the reader keeps open at most (``$T5LIKE_OPEN_SHARDS``, default 4096)."""
+  return int(os.environ.get("T5LIKE_OPEN_SHARDS", "4096"))
+
+
+def raise_open_file_limit(want: int | None = None) -> tuple[int, int] | None:
+  """Raises the process's soft open-file limit to ``want`` (default: room for
+  ``open_shards_wanted()`` streams plus 256), within the hard limit; ``(old, new)`` when it
+  changed, else None. Called explicitly where a run starts (``PipelineData``, which logs it):
+  reading never changes process limits, it keeps fewer streams open under a low limit."""
+  want = want or open_shards_wanted() + 256
   try:
     import resource  # pylint: disable=g-import-not-at-top
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if soft != resource.RLIM_INFINITY and soft < target:
       resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+      return int(soft), int(target)
   except (ImportError, ValueError, OSError):  # Not POSIX, or not allowed: keep the limit.
     pass
+  return None
 
 
 class _StreamCache:
@@ -211,11 +233,16 @@ class _StreamCache:
     self._lock = threading.Lock()
     self._streams: collections.OrderedDict[tuple[str, int], Any] = collections.OrderedDict()
     self._offsets: collections.OrderedDict[tuple[str, int], int] = collections.OrderedDict()
-    self._capacity = capacity or int(os.environ.get("T5LIKE_OPEN_SHARDS", "4096"))
+    self._wanted = capacity or open_shards_wanted()
     self._max_offsets = offsets
     self.reopened = 0  # Streams opened again after eviction (seek, or prefix re-read for .zst).
     self.rescanned_lines = 0  # Lines read again to reach a chunk (restores, evicted .zst).
-    _raise_open_file_limit(self._capacity + 256)
+
+  def capacity(self) -> int:
+    """Streams kept open: as many as wanted, within the open-file limit less 256 for the rest
+    of the process (``raise_open_file_limit`` makes room at the start of a run)."""
+    limit = _soft_open_file_limit()
+    return self._wanted if limit is None else max(8, min(self._wanted, limit - 256))
 
   def pop(self, path: str, index: int):
     with self._lock:
@@ -235,7 +262,7 @@ class _StreamCache:
       old = self._streams.pop((path, index), None)
       self._streams[(path, index)] = stream
       evicted = []
-      while len(self._streams) > self._capacity:
+      while len(self._streams) > self.capacity():
         evicted.append(self._streams.popitem(last=False)[1])
     for s in evicted + ([old] if old is not None else []):
       s.close()

@@ -5,8 +5,10 @@ r"""Prepares a corpus once for every host: mixing counts and (optionally) the TF
     --tfds_data_dir gs://bucket/tfds --processes 7 [--validation_dir gs://bucket/rp_val]
 
 * Counts: the good-record counts behind FLAN's examples-proportional rates go to
-  ``<data_dir>/.t5like_counts.json`` (`t5like.data.counts`), so no host parses every task file at
-  start-up. They are recomputed only for files whose size or modification time changed.
+  ``$T5LIKE_CACHE/counts/`` keyed by the corpus (`t5like.data.counts`; nothing is written into
+  the corpus), so no host parses every task file at start-up when ``T5LIKE_CACHE`` is shared
+  (e.g. ``gs://bucket/t5like_cache``). They are recomputed only for files whose size or
+  modification time changed.
 * ``--tfds_data_dir``: converts the corpus into TFDS datasets there (a bucket for multi-host
   runs; then train with ``data.source=tfds`` and the same ``data.tfds_data_dir``). Both convert
   in parallel (``--processes``): RedPajama one process per subset; FLAN's tasks are hashed into

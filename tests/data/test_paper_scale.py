@@ -193,25 +193,43 @@ def test_reader_never_rereads_a_prefix_when_interleaving_many_files(tmp_path, mo
     assert cache.reopened > 0
 
 
-def test_mixing_counts_are_cached_next_to_the_data_and_invalidated(flan_root, tmp_path):
+def _tree(root):
+  return sorted((str(p.relative_to(root)), p.stat().st_mtime_ns) for p in root.rglob("*"))
+
+
+def test_mixing_counts_are_cached_under_the_cache_dir_and_invalidated(flan_root, tmp_path,
+                                                                     monkeypatch):
+  """The counts go to $T5LIKE_CACHE keyed by the corpus; a read-only corpus is left untouched."""
+  monkeypatch.setenv("T5LIKE_CACHE", str(tmp_path / "cache"))
   root = tmp_path / "flan"
   shutil.copytree(flan_root, root)
-  # The shared corpus may already hold a cache from an earlier test (copied with its files'
-  # mtimes, so still valid): start from none.
-  (root / counts.CACHE_NAME).unlink(missing_ok=True)
-  first = counts.CorpusCounts(str(root), sources.FLAN_SCHEMA)
-  define = [p for t in sources.flan_tasks(str(root)) for s, p in t.splits
-            if s == "train" and t.task == "define"]
-  assert first.count(define)[0] == 60 and first.counted == 3
-  assert first.cache_path == str(root / counts.CACHE_NAME) and os.path.exists(first.cache_path)
-  second = counts.CorpusCounts(str(root), sources.FLAN_SCHEMA)  # Another host / a restart.
-  assert second.count(define)[0] == 60 and second.counted == 0
+  (root / counts.CACHE_NAME).unlink(missing_ok=True)  # An older version's cache: none here.
+  before = _tree(root)
+  dirs = [root] + [p for p in root.rglob("*") if p.is_dir()]
+  for d in dirs:
+    d.chmod(0o555)  # A read-only (e.g. shared) corpus.
+  try:
+    first = counts.CorpusCounts(str(root), sources.FLAN_SCHEMA)
+    define = [p for t in sources.flan_tasks(str(root)) for s, p in t.splits
+              if s == "train" and t.task == "define"]
+    assert first.count(define)[0] == 60 and first.counted == 3
+    assert first.cache_path == counts.cache_path(str(root)) and os.path.exists(first.cache_path)
+    assert first.cache_path.startswith(str(tmp_path / "cache" / "counts" / "flan-"))
+    assert _tree(root) == before  # Nothing written into the corpus.
+    second = counts.CorpusCounts(str(root), sources.FLAN_SCHEMA)  # Another host / a restart.
+    assert second.count(define)[0] == 60 and second.counted == 0
+  finally:
+    for d in dirs:
+      d.chmod(0o755)
+  other = tmp_path / "other" / "flan"  # Another corpus of the same name: its own cache.
+  assert counts.cache_path(str(other)) != counts.cache_path(str(root))
   qa = root / "sub_b" / "qa" / "train.jsonl"
   with open(qa, "a") as f:
     f.write(json.dumps({"inputs": "new", "targets": "record"}) + "\n")
   counts._COUNT_CACHE.clear()  # pylint: disable=protected-access
   third = counts.CorpusCounts(str(root), sources.FLAN_SCHEMA)
   assert third.count([str(qa)])[0] == 11 and third.counted == 1  # Only the changed file.
+  assert not (root / counts.CACHE_NAME).exists()
 
 
 def test_holdout_hash_is_a_pure_function_of_the_text():

@@ -148,3 +148,28 @@ def test_pipeline_error_policy_fails_naming_the_record(make_cfg, tmp_path):
   with pytest.raises(Exception, match=r"b-0\.jsonl:5: bad record \(invalid json\)"):
     for _ in it:
       pass
+
+
+def test_reading_never_changes_the_open_file_limit_and_a_run_raises_it_explicitly(tmp_path,
+                                                                                  monkeypatch):
+  """The reader keeps its open streams within the current limit; only
+  ``raise_open_file_limit`` (called and logged at a run's start) changes the limit."""
+  import resource
+  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  low = 512 if hard == resource.RLIM_INFINITY or hard >= 1024 else hard // 2
+  resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+  try:
+    cache = sources._StreamCache(capacity=4096)  # pylint: disable=protected-access
+    monkeypatch.setattr(sources, "_CACHE", cache)
+    paths = [str(write_jsonl(tmp_path / f"f{i}.jsonl", _good(4))) for i in range(3)]
+    for p in paths:
+      sources.read_chunk(p, 0, sources.TEXT_SCHEMA, policy="skip", label="lim", chunk_size=2)
+    assert resource.getrlimit(resource.RLIMIT_NOFILE) == (low, hard)  # Reading: no change.
+    assert cache.capacity() == max(8, low - 256)  # Fewer streams under a low limit.
+    changed = sources.raise_open_file_limit(low + 300)
+    assert changed == (low, low + 300) or hard != resource.RLIM_INFINITY and hard < low + 300
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == min(low + 300, hard)
+    assert cache.capacity() == min(4096, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256)
+    assert sources.raise_open_file_limit(low) is None  # Never lowered.
+  finally:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

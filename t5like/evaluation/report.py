@@ -79,7 +79,8 @@ def write_markdown(results: dict[str, Any]) -> str:
 
 
 def plots(results: dict[str, Any], output_dir: str) -> list[str]:
-  """Length curves of every checkpoint, and quality vs inference FLOPs when several are given."""
+  """Length curves of every checkpoint, per-task grades with 95% intervals, and quality vs
+  inference FLOPs when several checkpoints are given."""
   names, ck, out = _names(results), results["checkpoints"], []
   curves = {p: c["length"]["loss"] for p, c in ck.items() if "loss" in c.get("length", {})}
   if curves:
@@ -93,6 +94,10 @@ def plots(results: dict[str, Any], output_dir: str) -> list[str]:
     ax.set_ylabel("held-out loss (nats / target token)")
     ax.legend(fontsize=7)
     out.append(epath.Path(save(fig, epath.Path(output_dir) / "length_extrapolation.png")).name)
+  grades = task_grades(results)
+  if grades:
+    out.append(epath.Path(plot_task_grades(grades, {p: names[p] for p in ck},
+                                           epath.Path(output_dir) / "tasks.png")).name)
   points = [(c["cost"]["flops"][next(iter(c["cost"]["flops"]))]["total"],
              c["ppl"]["eval_loss"], names[p]) for p, c in ck.items()
             if "flops" in c.get("cost", {}) and "eval_loss" in c.get("ppl", {})]
@@ -106,3 +111,40 @@ def plots(results: dict[str, Any], output_dir: str) -> list[str]:
     ax.legend(fontsize=7)
     out.append(epath.Path(save(fig, epath.Path(output_dir) / "quality_vs_cost.png")).name)
   return out
+
+
+PRIMARY = ("multiple_choice_grade", "exact_str_match")  # The grade plotted for a task.
+
+
+def task_grades(results: dict[str, Any]) -> dict[str, dict[str, tuple[float, float]]]:
+  """``{"<task> <k>-shot": {checkpoint: (grade, 95% half-width)}}`` from the tasks suite; the
+  half-width is 1.96 standard errors over the task's examples."""
+  out: dict[str, dict[str, tuple[float, float]]] = {}
+  for path, c in results["checkpoints"].items():
+    for task, per in c.get("tasks", {}).get("tasks", {}).items():
+      for k in results["shots"]:
+        m = per.get(f"{k}-shot", {})
+        metric = next((x for x in PRIMARY if x in m), None)
+        if metric is not None:
+          out.setdefault(f"{task} {k}-shot", {})[path] = (
+              m[metric], 1.96 * m.get(f"{metric}_stderr", 0.0))
+  return out
+
+
+def plot_task_grades(grades: dict[str, dict[str, tuple[float, float]]], names: dict[str, str],
+                     path) -> str:
+  """Grouped bars: one group per task and shot count, one bar per checkpoint, 95% intervals."""
+  import numpy as np
+  fig, axes = figure_grid(1, 1, cell=max(4.0, 0.9 * len(grades)))
+  ax = axes[0, 0]
+  width = 0.8 / max(1, len(names))
+  x = np.arange(len(grades))
+  for i, (ckpt, name) in enumerate(names.items()):
+    vals = [grades[g].get(ckpt, (np.nan, 0.0)) for g in grades]
+    ax.bar(x + (i - (len(names) - 1) / 2) * width, [v for v, _ in vals], width,
+           yerr=[e for _, e in vals], capsize=3, label=name)
+  ax.set_xticks(x, list(grades), rotation=30, ha="right", fontsize=7)
+  ax.set_ylim(0, 1.05)
+  ax.set_ylabel("grade (95% interval over examples)")
+  ax.legend(fontsize=7)
+  return save(fig, path)

@@ -88,5 +88,38 @@ def test_suite_end_to_end_on_trained_checkpoints(tmp_path):
     assert c["attention"]["layers"] and c["ppl"]["eval_tokens"] > 0
   saved = json.loads((tmp_path / "out" / "results.json").read_text())
   assert set(saved["task_files"].values()) and saved["plots"] == ["length_extrapolation.png",
+                                                                  "tasks.png",
                                                                   "quality_vs_cost.png"]
   assert "## Length extrapolation" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_tasks_suite_plots_grades_with_intervals_per_task_and_checkpoint(tmp_path, monkeypatch):
+  """tasks.png: one bar group per task and shot count, one bar per checkpoint, its height the
+  grade and its error bar 1.96 standard errors."""
+  import matplotlib.image
+  from t5like.evaluation import report
+  grades = {"dec": {"antonyms": (0.75, 0.1), "small_sums": (0.25, 0.05)},
+            "red": {"antonyms": (0.5, 0.2), "small_sums": (0.0, 0.0)}}
+  results = {"suites": ["tasks"], "shots": [0], "checkpoints": {
+      f"/runs/{c}": {"family": c, "step": 3, "tasks": {"tasks": {
+          "antonyms": {"0-shot": {"multiple_choice_grade": g["antonyms"][0],
+                                  "multiple_choice_grade_stderr": g["antonyms"][1]}},
+          "small_sums": {"0-shot": {"exact_str_match": g["small_sums"][0],
+                                    "exact_str_match_stderr": g["small_sums"][1]}},
+          "broken": {"0-shot": {"error": "x"}}}}} for c, g in grades.items()}}
+  figures = []
+  save = report.save
+  monkeypatch.setattr(report, "save", lambda fig, path: figures.append(fig) or save(fig, path))
+  assert report.plots(results, str(tmp_path)) == ["tasks.png"]
+  assert matplotlib.image.imread(str(tmp_path / "tasks.png")).shape[0] > 100
+  ax = figures[0].axes[0]
+  assert [t.get_text() for t in ax.get_xticklabels()] == ["antonyms 0-shot", "small_sums 0-shot"]
+  bars = [c for c in ax.containers if hasattr(c, "patches")]
+  assert len(bars) == 2 and all(len(b.patches) == 2 for b in bars)  # 2 checkpoints x 2 groups.
+  for bar, g in zip(bars, grades.values()):
+    assert [p.get_height() for p in bar.patches] == [g["antonyms"][0], g["small_sums"][0]]
+    segs = bar.errorbar.lines[2][0].get_segments()
+    assert [s[1][1] - s[0][1] for s in segs] == pytest.approx(
+        [2 * 1.96 * g["antonyms"][1], 2 * 1.96 * g["small_sums"][1]])
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+      "dec (dec, step 3)", "red (red, step 3)"]

@@ -5,9 +5,9 @@ RedPajama subsets, FLAN sub-mixtures), each scored on its own fixed sample:
 
 - ``max_batches`` global batches are split across the parts in proportion to their mixing rates
   (largest remainder, at least one batch per part); ``max_batches <= 0`` takes every row;
-- inside a part, its rows (``batches x global rows``) are split the same way across its seqio
-  tasks, and each task gives the first rows of its validation split, read unsharded and
-  unshuffled;
+- inside a part, its rows (``batches x global rows``) are split across its seqio tasks by rate
+  (largest remainder, none guaranteed: a FLAN sub-mixture has hundreds), and each task gives the
+  first rows of its validation split, read unsharded and unshuffled;
 - each host keeps every ``num_shards``-th of those rows (``shard_index``, ``shard_index + n``,
   ...), so the union over hosts is the same set of rows for 1, 2 or 64 hosts, and every eval
   reads the same rows.
@@ -89,7 +89,7 @@ def sample_iterator_factory(cfg, part: Part, *, batches: int, global_rows: int,
 
   if batches > 0:
     weights = [w for _, w in part.tasks]
-    rows = allocate(batches * global_rows, weights, minimum=min(1, batches * global_rows))
+    rows = allocate(batches * global_rows, weights, minimum=0)  # By rate (FLAN: many tasks).
   else:
     rows = [-1] * len(part.tasks)  # tf.data's take(-1): everything.
   pieces = [pipeline.make_dataset(cfg, split="validation", batch_size=1, shuffle=False,

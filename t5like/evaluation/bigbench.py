@@ -24,6 +24,7 @@ import json
 import re
 from typing import Any, Sequence
 
+import numpy as np
 from etils import epath
 
 DEFAULTS = {"task_prefix": "", "example_input_prefix": "\nQ: ", "example_output_prefix": "\nA: ",
@@ -83,7 +84,6 @@ class Task:
     generated after it): ``task_prefix`` + [k shots joined and followed by the separator] +
     the formatted example. Each shot is another example (drawn without replacement) followed
     by one of its answers (drawn), from the generator that ordered the choices."""
-    import numpy as np
     rng = np.random.RandomState(seed)
     formatted = self._formatted(rng)
     prefix, sep = self.fmt["task_prefix"], self.fmt["few_shot_example_separator"]
@@ -120,7 +120,6 @@ class Task:
 def argmax(values: Sequence[float]) -> int:
   """BIG-bench's argmax: among tied maxima, the one picked by the SHA-256 of the values' float64
   bytes (deterministic, and not always the first)."""
-  import numpy as np
   a = np.asarray(values, np.float64)
   best = np.flatnonzero(a == a.max())
   return int(best[int(hashlib.sha256(a.tobytes()).hexdigest(), 16) % len(best)])

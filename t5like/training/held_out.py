@@ -20,6 +20,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 _AVERAGED = ("eval_loss", "eval_loss_with_z", "eval_accuracy")
+_WARNED: set[str] = set()
 
 
 def pad_rows(batch: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
@@ -92,7 +93,8 @@ def combine(per_part: Sequence[tuple[str, float, Mapping[str, float]]]) -> dict[
   if len(per_part) == 1:
     return dict(scored[0][2])
   for n, _, m in per_part:
-    if not m:
+    if not m and n not in _WARNED:  # Once per part and process: the same at every eval.
+      _WARNED.add(n)
       log.warning("held-out part %s has no validation rows; the mixture's eval_loss averages "
                   "the other parts", n)
   total = sum(r for _, r, _ in scored)

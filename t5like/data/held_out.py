@@ -99,7 +99,8 @@ def sample_iterator_factory(cfg, part: Part, *, batches: int, global_rows: int,
   ds = functools.reduce(lambda a, b: a.concatenate(b), pieces)
   if num_shards > 1:
     ds = ds.enumerate().filter(lambda i, _: i % num_shards == shard_index).map(lambda _, x: x)
-  ds = ds.batch(batch_size).map(functools.partial(pipeline._pad_rows, batch_size))  # pylint: disable=protected-access
+  pad = functools.partial(pipeline._pad_rows, batch_size)  # pylint: disable=protected-access
+  ds = ds.batch(batch_size).map(pad)
   options = tf.data.Options()
   options.deterministic = True
   ds = ds.prefetch(2).with_options(options)

@@ -1,7 +1,7 @@
-"""The optional CPU kernels of the decode step and of the train step's attention
+"""The optional CPU kernels of the ``cpu_kernels`` ops backend (decoding and the train step)
 (``t5like/kernels/*.cc``) against XLA's FFI headers (jaxlib's). Everything else is in
 pyproject.toml. Without a C++ compiler the extension is skipped with a warning, and the model uses
-XLA's own operations (``t5like.kernels.library``).
+XLA's own operations (``t5like.ops``).
 """
 import os
 
@@ -16,9 +16,8 @@ def _kernels() -> list[Extension]:
     return []
   return [Extension(
       "t5like.kernels._cpu",
-      sources=["t5like/kernels/few_row.cc", "t5like/kernels/cache_attention.cc",
-               "t5like/kernels/argmax.cc", "t5like/kernels/attention_train.cc",
-               "t5like/kernels/head_norm.cc"],
+      sources=["t5like/kernels/cache_attention.cc", "t5like/kernels/argmax.cc",
+               "t5like/kernels/attention_train.cc", "t5like/kernels/head_norm.cc"],
       depends=["t5like/kernels/common.h", "t5like/kernels/tile.h"],
       language="c++",
       # XLA's FFI headers as system headers: their switches without a default return warn

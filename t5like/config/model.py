@@ -12,6 +12,7 @@ ATTN_OUT_NORM_SCOPES = ("per_head", "all_heads")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "attention_out")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("xla", "splash", "cudnn")
+OPS = ("auto", "reference", "xla", "xla_cpu", "cpu_kernels")
 
 
 @dataclasses.dataclass
@@ -56,6 +57,11 @@ class ModelConfig:
   attention_impl: str = "xla"  # Training-time attention: "xla" (any device; builds the
   #   [batch, heads, q, kv] mask), "splash" (TPU Pallas kernel, block-sparse masks + segment ids;
   #   interpret mode on CPU) or "cudnn" (GPU fused kernel; unpacked rows, causal/full masks only).
+  ops: str = "auto"  # Who computes the model's operations (t5like/ops, same values): "auto"
+  #   (CPU: "cpu_kernels" on one device where the C++ kernels are built, else "xla_cpu";
+  #   TPU/GPU: "xla"), "reference" (the plain einsum / jax.nn forms), "xla", "xla_cpu" or
+  #   "cpu_kernels". Chosen once where the model is built and logged (t5like/ops/__init__.py,
+  #   which also documents the T5LIKE_OPS / T5LIKE_CPU_KERNELS=0 environment overrides).
 
   @property
   def kv_heads(self) -> int:
@@ -69,6 +75,7 @@ class ModelConfig:
     check_choice("model.remat_policy", self.remat_policy, REMAT_POLICIES)
     check_choice("model.dtype", self.dtype, DTYPES)
     check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+    check_choice("model.ops", self.ops, OPS)
     self._check_attention_impl()
     check_choice("model.param_dtype", self.param_dtype, DTYPES)
     for name in ("vocab_size", "d_model", "num_heads", "head_dim", "d_ff"):

@@ -26,10 +26,9 @@ from flax import nnx
 
 from t5like.models import masks
 from t5like.models.attention import attention_weights
-from t5like.models.blocks import CrossContext, layer_mask
+from t5like.models.blocks import layer_mask
 from t5like.models.decllm import default_positions, self_context
 from t5like.models.redllm import Encoded
-from t5like.models.rotary import rotary_table
 
 FLOAT32_EPS = float(np.finfo(np.float32).eps)
 
@@ -63,12 +62,12 @@ def _self_maps(stack, name, x_btd, ctx, valid_bt, cross=None, cross_valid_bs=Non
     cross_maps = None
     if cross is not None:  # RedLLM decoder: cross-attention sees the post-self-attention stream.
       x1 = x_btd + layer.self_attention(h, h, ctx.rope_bt, ctx.rope_bt,
-                                        layer_mask(ctx, idx))
+                                        layer_mask(ctx, idx))[0]
       h2 = layer.pre_cross_attention_norm(x1)
       qc, kc, _ = layer.cross_attention.project_qkv(h2, cross.encoded_bsd, ctx.rope_bt,
                                                      cross.enc_rope_bs)
       cross_maps = attention_weights(qc, kc, cross.mask_bhts)
-    x_btd = layer(x_btd, ctx, idx, None, cross)
+    x_btd, _ = layer(x_btd, ctx, idx, None, cross)
     out.append(LayerMaps(name, i, np.asarray(probs), np.asarray(x_btd), valid_bt, valid_bt))
     if cross_maps is not None:
       out.append(LayerMaps("cross", i, np.asarray(cross_maps), np.asarray(x_btd), valid_bt,
@@ -102,9 +101,7 @@ def attention_maps(model, batch: Mapping[str, jax.Array]) -> list[LayerMaps]:
   dseg = batch.get("decoder_segment_ids", jnp.ones_like(dec_tokens))
   dpos = model.decoder_positions(batch, enc)  # Continuous positions, as in training.
   dctx = self_context(cfg, dseg, dpos, "causal", materialize=True)
-  cross = CrossContext(enc.encoded_bsd,
-                       rotary_table(epos, cfg.head_dim, cfg.rope_max_wavelength),
-                       masks.cross_attention_mask(dseg, eseg))
+  cross = model.cross_context(enc, masks.cross_attention_mask(dseg, eseg))
   _, dec_maps = _self_maps(model.decoder, "decoder_self", model.embedding.embed(dec_tokens),
                            dctx, np.asarray(dseg) == 1, cross=cross, cross_valid_bs=enc_valid,
                            attn="self_attention", norm="pre_self_attention_norm")

@@ -7,7 +7,7 @@ to ``RedLLM.encode`` as in training, the decoder starts from BOS at position = t
 encoder length (continuous positions). Prefill, then a ``lax.while_loop`` of one-token steps that
 stops when every row has produced ``eos_id`` or after ``max_new_tokens``.
 
-A ``Generator`` lays the weights out for decoding once (``steps.decode_weights``) and serves many
+A ``Generator`` unstacks the decoder's layers once (``steps.decode_layout``) and serves many
 calls from them; ``generate`` is a one-call Generator.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from t5like import partitioning
 from t5like.inference import steps
 from t5like.inference.sampling import SamplingConfig, sample
-from t5like.kernels import library as cpu_kernels
+from t5like import ops
 
 PAD_MULTIPLE = 16  # Prompt lengths are rounded up to this (fewer distinct compilations).
 MAX_LENGTH = 4096  # Default cache limit per row: prompt (+ BOS) + new tokens.
@@ -84,9 +84,8 @@ def _pad_inputs(rows: list[list[int]], family: str, batch: int) -> tuple[np.ndar
   return out, lens
 
 
-def _prefill(model, weights: steps.DecodeWeights, plan: _Plan, tokens_bp, lens_b):
-  """(logits of the first new token, cache, next-step fn of (token, t, cache)); the steps read
-  ``weights`` (``steps.decode_weights(model)``)."""
+def _prefill(model, plan: _Plan, tokens_bp, lens_b):
+  """(logits of the first new token, decode state, next-step fn of (token, t, state))."""
   b, p = tokens_bp.shape
   m = plan.max_new_tokens
   if plan.family == "decllm":
@@ -94,60 +93,57 @@ def _prefill(model, weights: steps.DecodeWeights, plan: _Plan, tokens_bp, lens_b
     idx_p = jnp.arange(p)[None, :]
     segment_ids_bp = (idx_p >= start_b[:, None]).astype(jnp.int32)
     positions_bp = jnp.maximum(idx_p - start_b[:, None], 0).astype(jnp.int32)
-    logits, cache = steps.decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp,
+    logits, state = steps.decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp,
                                          p + m - 1)
     # Token t (t >= 1) is fed at slot p + t - 1, position len + t - 1.
-    step = lambda y, t, c: steps.decllm_decode(model, weights, y, lens_b + t - 1,  # noqa: E731
+    step = lambda y, t, c: steps.decllm_decode(model, y, lens_b + t - 1,  # noqa: E731
                                                p + t - 1, c)
-    return logits, cache, step
-  cross, cache = steps.redllm_prefill(model, tokens_bp, m)
-  pos0_b = cross.enc_len_b if model.cfg.continuous_positions else jnp.zeros_like(lens_b)
-  logits, cache = steps.redllm_decode(model, weights, jnp.zeros((b,), jnp.int32), pos0_b, 0,
-                                      cache, cross)
-  step = lambda y, t, c: steps.redllm_decode(model, weights, y, pos0_b + t, t, c,  # noqa: E731
-                                             cross)
-  return logits, cache, step
+    return logits, state, step
+  enc_len_b = jnp.sum(tokens_bp > 0, axis=1).astype(jnp.int32)
+  pos0_b = enc_len_b if model.cfg.continuous_positions else jnp.zeros_like(lens_b)
+  logits, state = steps.redllm_prefill(model, tokens_bp, pos0_b, m)
+  step = lambda y, t, c: steps.redllm_decode(model, y, pos0_b + t, t, c)  # noqa: E731
+  return logits, state, step
 
 
-def _run(graphdef, layers_graphdef, plan: _Plan, params, layers, table, inputs, tokens_bp, lens_b,
-         rng):
+def _run(graphdef, plan: _Plan, params, tokens_bp, lens_b, rng):
   """Jitted body: prefill, first token, then a while loop; returns tokens [batch, new]."""
   model = nnx.merge(graphdef, params)
-  weights = steps.DecodeWeights(nnx.merge(layers_graphdef, layers), table, inputs)
-  logits, cache, step = _prefill(model, weights, plan, tokens_bp, lens_b)
+  logits, state, step = _prefill(model, plan, tokens_bp, lens_b)
+  backend = ops.backend(model.cfg)
   key = lambda t: None if rng is None else jax.random.fold_in(rng, t)  # noqa: E731
-  y_b = sample(logits, key(0), plan.sampling)
+  y_b = sample(logits, key(0), plan.sampling, backend)
   out_bm = jnp.zeros((tokens_bp.shape[0], plan.max_new_tokens), jnp.int32).at[:, 0].set(y_b)
 
-  def cond(state):
-    t, _, _, done_b, _ = state
+  def cond(carry):
+    t, _, _, done_b, _ = carry
     return (t < plan.max_new_tokens) & ~jnp.all(done_b)
 
-  def body(state):
-    t, y_b, out_bm, done_b, cache = state
-    logits, cache = step(y_b, t, cache)
-    y_b = sample(logits, key(t), plan.sampling)
+  def body(carry):
+    t, y_b, out_bm, done_b, state = carry
+    logits, state = step(y_b, t, state)
+    y_b = sample(logits, key(t), plan.sampling, backend)
     out_bm = jax.lax.dynamic_update_slice(out_bm, y_b[:, None], (0, t))
-    return t + 1, y_b, out_bm, done_b | (y_b == plan.eos_id), cache
+    return t + 1, y_b, out_bm, done_b | (y_b == plan.eos_id), state
 
-  state = (jnp.int32(1), y_b, out_bm, y_b == plan.eos_id, cache)
-  return jax.lax.while_loop(cond, body, state)[2]
+  carry = (jnp.int32(1), y_b, out_bm, y_b == plan.eos_id, state)
+  return jax.lax.while_loop(cond, body, carry)[2]
 
 
 _COMPILED: dict = {}
 
 
-def _compiled(cfg, graphdef, layers_graphdef, transposed: bool, plan: _Plan):
-  # What the two graphdefs follow from (they do not hash), and the CPU kernels' switch.
-  key = (repr(cfg), transposed, plan, cpu_kernels.switched_on())
+def _compiled(cfg, graphdef, module_types: frozenset, plan: _Plan):
+  # What the graphdef follows from (it does not hash): the config and the modules' classes.
+  key = (repr(cfg), module_types, plan)
   if key not in _COMPILED:
-    _COMPILED[key] = jax.jit(lambda *a: _run(graphdef, layers_graphdef, plan, *a))
+    _COMPILED[key] = jax.jit(lambda *a: _run(graphdef, plan, *a))
   return _COMPILED[key]
 
 
 @nnx.jit
-def _decode_weights(model) -> steps.DecodeWeights:
-  return steps.decode_weights(model)
+def _decode_layout(model):
+  return steps.decode_layout(model)
 
 
 def _place_params(model, mesh: Mesh):
@@ -162,27 +158,25 @@ def _place_params(model, mesh: Mesh):
 
 
 class Generator:
-  """Generation from one model's parameters, with the decode layout made once for many calls.
+  """Generation from one model's parameters, its decoder's layers unstacked once for many calls.
 
-  ``steps.decode_weights`` copies every decoder layer's weights out of the stacked
-  ``[layers, ...]`` arrays (on CPU transposed): made inside each call, the copies were ~6 % of a
-  small model's 8 x 128 + 64 call. A Generator holds them (one more copy of the decoder's
-  weights) until it is dropped; build a new one after the model's parameters change.
+  ``steps.decode_layout`` copies every decoder layer's weights out of the stacked
+  ``[layers, ...]`` arrays; a Generator holds them (one more copy of the decoder's weights)
+  until it is dropped; build a new one after the model's parameters change.
   """
 
   def __init__(self, model, mesh: Mesh | None = None):
     self.cfg = model.cfg
     self.mesh = mesh
-    self._graphdef = nnx.graphdef(model)
     if mesh is None:
-      self._params = nnx.to_pure_dict(nnx.state(model))
-      weights = _decode_weights(model)
+      layout = _decode_layout(model)
     else:
-      self._params = _place_params(model, mesh)
+      placed = nnx.merge(nnx.graphdef(model), _place_params(model, mesh))
       with self._on_mesh():
-        weights = _decode_weights(nnx.merge(self._graphdef, self._params))
-    self._layers_graphdef, self._layers = nnx.split(weights.layers)
-    self._table, self._inputs = weights.table, weights.inputs
+        layout = _decode_layout(placed)
+    self._graphdef, state = nnx.split(layout)
+    self._params = nnx.to_pure_dict(state)
+    self._module_types = frozenset(type(m) for _, m in nnx.iter_modules(layout))
 
   def _on_mesh(self):
     return contextlib.nullcontext() if self.mesh is None else _mesh_context(self.mesh)
@@ -197,8 +191,7 @@ class Generator:
     batch = -(-len(rows) // shards) * shards
     tokens, lens = _pad_inputs(rows, self.cfg.family, batch)
     plan = _Plan(self.cfg.family, tokens.shape[1], max_new_tokens, eos_id, sampling)
-    fn = _compiled(self.cfg, self._graphdef, self._layers_graphdef, self._table is not None,
-                   plan)
+    fn = _compiled(self.cfg, self._graphdef, self._module_types, plan)
     if self.mesh is None:
       tokens, lens = jnp.asarray(tokens), jnp.asarray(lens)
     else:
@@ -206,7 +199,7 @@ class Generator:
       tokens = jax.device_put(tokens, rows_sharding)
       lens = jax.device_put(lens, NamedSharding(self.mesh, PartitionSpec(rows_sharding.spec[0])))
     with self._on_mesh():
-      out = fn(self._params, self._layers, self._table, self._inputs, tokens, lens, rng)
+      out = fn(self._params, tokens, lens, rng)
     result = []
     for row in np.asarray(out)[:len(rows)].tolist():
       result.append(row[:row.index(eos_id)] if eos_id in row else row)

@@ -6,7 +6,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from t5like.kernels import argmax as cpu_argmax
+from t5like.ops import Reference
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,13 +31,13 @@ class SamplingConfig:
     return self
 
 
-def sample(logits_bv: jax.Array, rng: jax.Array | None, cfg: SamplingConfig) -> jax.Array:
-  """int32 [batch] next tokens from float logits [batch, vocab]."""
+def sample(logits_bv: jax.Array, rng: jax.Array | None, cfg: SamplingConfig,
+           ops: Reference = Reference()) -> jax.Array:
+  """int32 [batch] next tokens from float logits [batch, vocab]; greedy through ``ops.argmax``
+  (the model's backend)."""
   logits_bv = logits_bv.astype(jnp.float32)
   if cfg.greedy:
-    if cpu_argmax.applies(logits_bv):  # XLA:CPU's argmax is a slow variadic reduce.
-      return cpu_argmax.argmax(logits_bv)
-    return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+    return ops.argmax(logits_bv)
   logits_bv = logits_bv / cfg.temperature
   neg = jnp.finfo(jnp.float32).min
   if 0 < cfg.top_k < logits_bv.shape[-1]:

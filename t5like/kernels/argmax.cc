@@ -66,3 +66,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(T5likeArgmax, ArgmaxImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x [B, V]
                                   .Ret<ffi::Buffer<ffi::S32>>()  // argmax [B]
 );
+
+extern "C" int t5like_cpu_kernels_supported() { return t5like::CpuSupported() ? 1 : 0; }

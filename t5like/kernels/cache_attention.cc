@@ -7,7 +7,7 @@
 // once, only at valid slots (a cache's unwritten tail is skipped; each batch row's valid slots
 // are listed once for all its heads), on XLA's intra-op threads. Scores come four keys at a time
 // and the softmax's exponentials eight at a time (1.16x over one key and std::exp per slot).
-// Same arithmetic as inference/cache.py::attend: float32 scores, max-subtracted softmax, and
+// Same arithmetic as ops/reference.py::dot_product_attention: float32 scores, max-subtracted softmax, and
 // zeros for a row with no valid slot.
 #include <algorithm>
 #include <cmath>
@@ -107,25 +107,6 @@ int64_t ValidSlots(const bool* valid_s, int64_t s_len, int32_t* idx) {
     if (valid_s[s]) idx[n++] = static_cast<int32_t>(s);
   return n;
 }
-
-// A new token's head vector as the model makes it: RMS-normed (x / rms(x) * scale) if ``scale``,
-// then rotated (feature pairs i, i + d/2) if ``sin``; written to ``out``, times ``factor``.
-void Prepare(const float* x, const float* scale, float eps, const float* sin, const float* cos,
-             float factor, int64_t d, float* out) {
-  float r = 1.0f;
-  if (scale != nullptr) {
-    float sum = 0.0f;
-    for (int64_t i = 0; i < d; ++i) sum += x[i] * x[i];
-    r = 1.0f / std::sqrt(sum / static_cast<float>(d) + eps);
-  }
-  auto normed = [&](int64_t i) { return scale != nullptr ? x[i] * r * scale[i] : x[i]; };
-  const int64_t half = d / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const float x1 = normed(i), x2 = normed(i + half);
-    out[i] = (sin != nullptr ? x1 * cos[i] - x2 * sin[i] : x1) * factor;
-    out[i + half] = (sin != nullptr ? x2 * cos[i] + x1 * sin[i] : x2) * factor;
-  }
-}
 #endif
 
 ffi::Error CacheAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q_bgrd,
@@ -180,76 +161,6 @@ ffi::Error CacheAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q_bgrd
 }
 
 
-// The decode step's self-attention after its q | k | v product: each new token's key and value
-// (normed, the key rotated) written into the caches at ``slot`` in place, then its query heads
-// (normed, rotated, scaled by d^-1/2) attending over the valid slots, per (batch, kv head) on
-// XLA's threads. Replaces a dozen small XLA operations per layer (~50 us of an 8-row step).
-ffi::Error AttentionStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv_bn,
-                             ffi::Buffer<ffi::F32> scales_3d, ffi::Buffer<ffi::F32> rope_2bh,
-                             ffi::Buffer<ffi::F32> k_in, ffi::Buffer<ffi::F32> v_in,
-                             ffi::Buffer<ffi::S32> slot_buf, ffi::Buffer<ffi::PRED> valid_bs,
-                             int32_t norm, int32_t rope, float eps,
-                             ffi::ResultBuffer<ffi::F32> out_bgrd,
-                             ffi::ResultBuffer<ffi::F32> k_bgsd,
-                             ffi::ResultBuffer<ffi::F32> v_bgsd) {
-#ifdef T5LIKE_X86
-  if (!t5like::CpuSupported()) return ffi::Error::InvalidArgument("needs AVX2 and FMA");
-  const auto kd = k_in.dimensions(), yd = qkv_bn.dimensions(), od = out_bgrd->dimensions();
-  const auto rd = rope_2bh.dimensions(), sd = scales_3d.dimensions(), vd = valid_bs.dimensions();
-  const auto bad = ffi::Error::InvalidArgument(
-      "attention_step wants qkv [B, (H + 2G) D], scales [3, D], rope [2, B, D / 2], caches "
-      "[B, G, S, D], valid [B, S], out [B, G, H / G, D], D % 8 == 0, G dividing H");
-  if (kd.size() != 4 || yd.size() != 2 || od.size() != 4 || rd.size() != 3 || sd.size() != 2 ||
-      vd.size() != 2 || kd[3] % 8 != 0 || yd[1] % kd[3] != 0)
-    return bad;
-  const int64_t b_len = kd[0], groups = kd[1], s_len = kd[2], d = kd[3];
-  const int64_t heads = yd[1] / d - 2 * groups, r_len = heads / std::max<int64_t>(1, groups);
-  if (yd[0] != b_len || groups <= 0 || heads <= 0 || heads % groups != 0 || od[0] != b_len ||
-      od[1] != groups || od[2] != r_len || od[3] != d || vd[0] != b_len || vd[1] != s_len ||
-      rd[0] != 2 || rd[1] != b_len || rd[2] * 2 != d || sd[0] != 3 || sd[1] != d)
-    return bad;
-  const int32_t slot = slot_buf.typed_data()[0];
-  if (slot < 0 || slot >= s_len) return ffi::Error::InvalidArgument("slot outside the cache");
-  float *k = k_bgsd->typed_data(), *v = v_bgsd->typed_data();
-  if (k != k_in.typed_data()) std::copy_n(k_in.typed_data(), k_in.element_count(), k);
-  if (v != v_in.typed_data()) std::copy_n(v_in.typed_data(), v_in.element_count(), v);
-  const float *y = qkv_bn.typed_data(), *scales = scales_3d.typed_data();
-  const float *sin = rope_2bh.typed_data(), *cos = sin + b_len * d / 2;
-  const bool* mask = valid_bs.typed_data();
-  float* out = out_bgrd->typed_data();
-  std::vector<int32_t> idx(b_len * s_len);
-  std::vector<int64_t> count(b_len);
-  for (int64_t b = 0; b < b_len; ++b)
-    count[b] = ValidSlots(mask + b * s_len, s_len, idx.data() + b * s_len);
-  const int32_t* idx_p = idx.data();
-  const int64_t* count_p = count.data();
-  const float q_factor = 1.0f / std::sqrt(static_cast<float>(d));
-  t5like::ParallelFor(pool, b_len * groups, [=](int64_t pair) {
-    thread_local std::vector<float> scores, q;
-    scores.resize(s_len);
-    q.resize(d);
-    const int64_t b = pair / groups, g = pair % groups;
-    const float* y_b = y + b * yd[1];
-    const float* sin_b = rope ? sin + b * d / 2 : nullptr;
-    const float* cos_b = cos + b * d / 2;
-    float *k_p = k + pair * s_len * d, *v_p = v + pair * s_len * d;
-    Prepare(y_b + (heads + g) * d, norm ? scales + d : nullptr, eps, sin_b, cos_b, 1.0f, d,
-            k_p + slot * d);
-    Prepare(y_b + (heads + groups + g) * d, norm ? scales + 2 * d : nullptr, eps, nullptr,
-            nullptr, 1.0f, d, v_p + slot * d);
-    for (int64_t r = 0; r < r_len; ++r) {
-      Prepare(y_b + (g * r_len + r) * d, norm ? scales : nullptr, eps, sin_b, cos_b, q_factor, d,
-              q.data());
-      Row(q.data(), k_p, v_p, idx_p + b * s_len, count_p[b], out + (pair * r_len + r) * d, d,
-          scores.data());
-    }
-  });
-  return ffi::Error::Success();
-#else
-  return ffi::Error::InvalidArgument("attention_step is built for x86 only");
-#endif
-}
-
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(T5likeCacheAttention, CacheAttentionImpl,
@@ -260,22 +171,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(T5likeCacheAttention, CacheAttentionImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // v [B, G, S, D]
                                   .Arg<ffi::Buffer<ffi::PRED>>()  // valid [B, S] / [B, G, R, S]
                                   .Ret<ffi::Buffer<ffi::F32>>()   // out [B, G, R, D]
-);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(T5likeAttentionStep, AttentionStepImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // qkv [B, (H + 2G) D]
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // norm scales [3, D]: q, k, v
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // sin, cos [2, B, D / 2]
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // k cache [B, G, S, D]
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // v cache [B, G, S, D]
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // slot []
-                                  .Arg<ffi::Buffer<ffi::PRED>>()  // valid [B, S], slot marked
-                                  .Attr<int32_t>("norm")
-                                  .Attr<int32_t>("rope")
-                                  .Attr<float>("eps")
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // out [B, G, R, D]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // k cache, aliased
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // v cache, aliased
 );

@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from t5like import ops as ops_lib
 from t5like.config.model import ModelConfig
-from t5like.models.attention import Attention
+from t5like.models.attention import Attention, KVCache
 from t5like.models.layers import constrain, dropout, fold
 from t5like.models.masks import MaskSpec
 from t5like.models.mlp import SwiGLU
@@ -24,11 +25,14 @@ class SelfContext(NamedTuple):
   #   layers; a MaskSpec for the fused kernels (model.attention_impl != "xla").
   mask_bwd: jax.Array | None  # Mask of backward layers (mixed_attention="per_layer"), else None.
   causal: bool = False  # The masks allow no key after its query (the core skips those blocks).
+  cache_index: jax.Array | int = 0  # With a KV cache: the slot of this call's first token (the
+  #   masks are then over the cache's slots).
 
 
 class CrossContext(NamedTuple):
   """What the RedLLM decoder layers see of the encoder."""
-  encoded_bsd: jax.Array  # [batch, enc_length, embed] final encoder states.
+  encoded_bsd: jax.Array | None  # [batch, enc_length, embed] final encoder states; None: the
+  #   cross-attention keys/values are in the layer's cache already (generation).
   enc_rope_bs: Rotary  # sin / cos of the [batch, enc_length] encoder positions (RoPE keys).
   mask_bhts: jax.Array | MaskSpec  # [batch, 1, dec_length, enc_length] same-segment cross mask.
 
@@ -43,11 +47,11 @@ def layer_mask(ctx: SelfContext, layer_idx: jax.Array) -> jax.Array | MaskSpec:
 
 def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> RMSNorm:
   return RMSNorm((cfg.d_model,), ("embed",), eps=cfg.norm_eps, param_dtype=cfg.param_dtype,
-                 rngs=rngs)
+                 ops=ops_lib.backend(cfg), rngs=rngs)
 
 
 class SelfAttentionBlock(nnx.Module):
-  """x + Attn(Norm(x)); x + MLP(Norm(x))."""
+  """x + Attn(Norm(x)); x + MLP(Norm(x)). ``cache``: the self-attention's ``KVCache``."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.rate = cfg.dropout_rate
@@ -57,19 +61,22 @@ class SelfAttentionBlock(nnx.Module):
     self.mlp = SwiGLU(cfg, rngs=rngs)
 
   def __call__(self, x_btd: jax.Array, ctx: SelfContext, layer_idx: jax.Array,
-               rng: jax.Array | None, cross: CrossContext | None = None) -> jax.Array:
+               rng: jax.Array | None, cross: CrossContext | None = None,
+               cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
     del cross
     h = self.pre_attention_norm(x_btd)
-    h = self.attention(h, h, ctx.rope_bt, ctx.rope_bt, layer_mask(ctx, layer_idx),
-                       causal=ctx.causal, rng=fold(rng, 1))
+    h, cache = self.attention(h, h, ctx.rope_bt, ctx.rope_bt, layer_mask(ctx, layer_idx),
+                              causal=ctx.causal, rng=fold(rng, 1), cache=cache,
+                              cache_index=ctx.cache_index)
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 2))
     h = self.mlp(self.pre_mlp_norm(x_btd), rng=fold(rng, 3))
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 4))
-    return constrain(x_btd, ("batch", "length", "embed"))
+    return constrain(x_btd, ("batch", "length", "embed")), cache
 
 
 class EncoderDecoderBlock(nnx.Module):
-  """RedLLM decoder layer: causal self-attention, cross-attention to the encoder, MLP."""
+  """RedLLM decoder layer: causal self-attention, cross-attention to the encoder, MLP.
+  ``cache``: (self-attention ``KVCache``, cross-attention ``KVCache``)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.rate = cfg.dropout_rate
@@ -81,16 +88,22 @@ class EncoderDecoderBlock(nnx.Module):
     self.mlp = SwiGLU(cfg, rngs=rngs)
 
   def __call__(self, x_btd: jax.Array, ctx: SelfContext, layer_idx: jax.Array,
-               rng: jax.Array | None, cross: CrossContext | None = None) -> jax.Array:
+               rng: jax.Array | None, cross: CrossContext | None = None,
+               cache: tuple[KVCache, KVCache] | None = None
+               ) -> tuple[jax.Array, tuple[KVCache, KVCache] | None]:
     assert cross is not None, "the decoder block needs the encoder outputs"
+    self_cache, cross_cache = (None, None) if cache is None else cache
     h = self.pre_self_attention_norm(x_btd)
-    h = self.self_attention(h, h, ctx.rope_bt, ctx.rope_bt, layer_mask(ctx, layer_idx),
-                            causal=ctx.causal, rng=fold(rng, 1))
+    h, self_cache = self.self_attention(h, h, ctx.rope_bt, ctx.rope_bt,
+                                        layer_mask(ctx, layer_idx), causal=ctx.causal,
+                                        rng=fold(rng, 1), cache=self_cache,
+                                        cache_index=ctx.cache_index)
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 2))
     h = self.pre_cross_attention_norm(x_btd)
-    h = self.cross_attention(h, cross.encoded_bsd, ctx.rope_bt, cross.enc_rope_bs,
-                             cross.mask_bhts, rng=fold(rng, 3))
+    h, cross_cache = self.cross_attention(h, cross.encoded_bsd, ctx.rope_bt, cross.enc_rope_bs,
+                                          cross.mask_bhts, rng=fold(rng, 3), cache=cross_cache)
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 4))
     h = self.mlp(self.pre_mlp_norm(x_btd), rng=fold(rng, 5))
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 6))
-    return constrain(x_btd, ("batch", "length", "embed"))
+    cache = None if cache is None else (self_cache, cross_cache)
+    return constrain(x_btd, ("batch", "length", "embed")), cache

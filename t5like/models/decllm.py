@@ -14,8 +14,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from t5like import ops as ops_lib
 from t5like.config.model import ModelConfig
 from t5like.models import masks
+from t5like.models.attention import KVCache
 from t5like.models.blocks import SelfAttentionBlock, SelfContext
 from t5like.models.embedding import TiedEmbedding
 from t5like.models.layers import dropout, fold
@@ -30,7 +32,8 @@ def self_context(cfg: ModelConfig, segment_ids_bt: jax.Array, positions_bt: jax.
   their ``MaskSpec`` for the fused kernels unless ``materialize`` (KV cache, attention maps)."""
   mixed = cfg.mixed_attention if kind != "causal" else "none"
   spec = masks.MaskSpec(segment_ids_bt, segment_ids_bt, kind, prefix_bt, mixed, cfg.num_heads)
-  rope_bt = rotary_table(positions_bt, cfg.head_dim, cfg.rope_max_wavelength)
+  rope_bt = rotary_table(ops_lib.backend(cfg), positions_bt, cfg.head_dim,
+                         cfg.rope_max_wavelength)
   if cfg.attention_impl != "xla" and not materialize:
     return SelfContext(rope_bt, spec, None)
   bwd = masks.materialize(spec._replace(backward=True)) if mixed == "per_layer" else None
@@ -44,13 +47,13 @@ def default_positions(tokens_bt: jax.Array) -> jax.Array:
 class DecLLM(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    cfg.validate()
+    cfg = ops_lib.resolve(cfg.validate())
     self.cfg = cfg
     self.embedding = TiedEmbedding(cfg, rngs=rngs)
     self.decoder = LayerStack(lambda r: SelfAttentionBlock(cfg, rngs=r), cfg.num_layers, cfg,
                               rngs=rngs)
     self.final_norm = RMSNorm((cfg.d_model,), ("embed",), eps=cfg.norm_eps,
-                              param_dtype=cfg.param_dtype, rngs=rngs)
+                              param_dtype=cfg.param_dtype, ops=ops_lib.backend(cfg), rngs=rngs)
 
   def __call__(self, batch: Mapping[str, jax.Array], *,
                dropout_rng: jax.Array | None = None) -> jax.Array:
@@ -68,7 +71,17 @@ class DecLLM(nnx.Module):
       raise ValueError("model.decoder_attention='prefix' needs the `decoder_causal_attention` "
                        "feature (use seqio's PrefixLMFeatureConverter)")
     ctx = self_context(cfg, segment_ids_bt, positions_bt, cfg.decoder_attention, prefix_bt)
-    x_btd = dropout(self.embedding.embed(tokens_bt), cfg.dropout_rate, fold(dropout_rng, 0))
-    x_btd = self.decoder(x_btd, ctx, rng=fold(dropout_rng, 1))
-    x_btd = dropout(self.final_norm(x_btd), cfg.dropout_rate, fold(dropout_rng, 2))
+    x_btd, _ = self.hidden(tokens_bt, ctx, dropout_rng=dropout_rng)
+    return self.head(x_btd, dropout_rng=dropout_rng)
+
+  def hidden(self, tokens_bt: jax.Array, ctx: SelfContext, *,
+             dropout_rng: jax.Array | None = None, cache: tuple[KVCache, ...] | None = None
+             ) -> tuple[jax.Array, tuple[KVCache, ...] | None]:
+    """The decoder stack's output [batch, length, embed] (and the updated per-layer cache)."""
+    x_btd = dropout(self.embedding.embed(tokens_bt), self.cfg.dropout_rate, fold(dropout_rng, 0))
+    return self.decoder(x_btd, ctx, rng=fold(dropout_rng, 1), cache=cache)
+
+  def head(self, x_btd: jax.Array, *, dropout_rng: jax.Array | None = None) -> jax.Array:
+    """Final norm and tied output layer: float32 logits [batch, length, vocab]."""
+    x_btd = dropout(self.final_norm(x_btd), self.cfg.dropout_rate, fold(dropout_rng, 2))
     return self.embedding.logits(x_btd)

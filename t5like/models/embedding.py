@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from t5like import ops as ops_lib
 from t5like.config.model import ModelConfig
-from t5like.models.layers import (TransposedKernel, constrain, dtype, few_row_matmul,
-                                  matmul_2d, param)
+from t5like.models.layers import constrain, dtype, param
 
 
 class TiedEmbedding(nnx.Module):
@@ -15,6 +15,7 @@ class TiedEmbedding(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
+    self.ops = ops_lib.backend(cfg)
     self.table = param(rngs, nnx.initializers.normal(stddev=1.0), (cfg.vocab_size, cfg.d_model),
                        ("vocab", "embed"), cfg.param_dtype)
 
@@ -22,21 +23,9 @@ class TiedEmbedding(nnx.Module):
     x_btd = jnp.take(self.table[...], tokens_bt, axis=0).astype(dtype(self.cfg.dtype))
     return constrain(x_btd, ("batch", "length", "embed"))
 
-  def logits(self, x_btd: jax.Array, table: TransposedKernel | None = None) -> jax.Array:
-    """[..., vocab] float32 logits; ``table``: the decode step's copy of the table
-    (``decode_table``), else the parameter."""
+  def logits(self, x_btd: jax.Array) -> jax.Array:
+    """[..., vocab] float32 logits: btd,vd->btv."""
     dt = dtype(self.cfg.dtype)
-    x = (x_btd * (self.cfg.d_model ** -0.5)).astype(dt)
-    x_md = x.reshape(-1, x.shape[-1])
-    if table is not None:
-      logits_mv = few_row_matmul(x_md, table.astype(dt).w_nk, jnp.float32)
-    else:  # btd,vd->btv as one 2-D matmul (see ``layers.project``).
-      logits_mv = matmul_2d(x_md, self.table[...].astype(dt), 1, jnp.float32)
-    logits_btv = logits_mv.reshape(*x.shape[:-1], -1)
+    x_btd = (x_btd * (self.cfg.d_model ** -0.5)).astype(dt)
+    logits_btv = self.ops.logits(x_btd, self.table[...].astype(dt))
     return constrain(logits_btv, ("batch", "length", "vocab"))
-
-  def decode_table(self) -> TransposedKernel:
-    """The table as the TransposedKernel of ``embed -> vocab`` (already ``[vocab, embed]``, no
-    copy), for ``logits`` in the decode step (``layers.few_row_matmul``)."""
-    table_vd = self.table.get_value()
-    return TransposedKernel(table_vd, table_vd.shape[::-1], 1)

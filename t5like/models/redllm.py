@@ -19,9 +19,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from t5like import ops as ops_lib
 from t5like.config.model import ModelConfig
 from t5like.models import masks
-from t5like.models.blocks import CrossContext, EncoderDecoderBlock, SelfAttentionBlock
+from t5like.models.attention import KVCache
+from t5like.models.blocks import (CrossContext, EncoderDecoderBlock, SelfAttentionBlock,
+                                  SelfContext)
 from t5like.models.decllm import default_positions, self_context
 from t5like.models.embedding import TiedEmbedding
 from t5like.models.layers import dropout, fold
@@ -39,10 +42,10 @@ class Encoded(NamedTuple):
 class RedLLM(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    cfg.validate()
+    cfg = ops_lib.resolve(cfg.validate())
     self.cfg = cfg
     norm = lambda: RMSNorm((cfg.d_model,), ("embed",), eps=cfg.norm_eps,  # noqa: E731
-                           param_dtype=cfg.param_dtype, rngs=rngs)
+                           param_dtype=cfg.param_dtype, ops=ops_lib.backend(cfg), rngs=rngs)
     self.embedding = TiedEmbedding(cfg, rngs=rngs)
     self.encoder = LayerStack(lambda r: SelfAttentionBlock(cfg, rngs=r), cfg.num_encoder_layers,
                               cfg, rngs=rngs)
@@ -63,7 +66,7 @@ class RedLLM(nnx.Module):
       positions_bs = default_positions(tokens_bs)
     ctx = self_context(cfg, segment_ids_bs, positions_bs, "bidirectional")
     x_bsd = dropout(self.embedding.embed(tokens_bs), cfg.dropout_rate, fold(dropout_rng, 0))
-    x_bsd = self.encoder(x_bsd, ctx, rng=fold(dropout_rng, 1))
+    x_bsd, _ = self.encoder(x_bsd, ctx, rng=fold(dropout_rng, 1))
     x_bsd = dropout(self.encoder_norm(x_bsd), cfg.dropout_rate, fold(dropout_rng, 2))
     return Encoded(x_bsd, positions_bs, segment_ids_bs)
 
@@ -86,15 +89,30 @@ class RedLLM(nnx.Module):
     segment_ids_bt = batch.get("decoder_segment_ids")
     if segment_ids_bt is None:
       segment_ids_bt = jnp.ones_like(tokens_bt)
-    positions_bt = self.decoder_positions(batch, enc)
-    ctx = self_context(cfg, segment_ids_bt, positions_bt, "causal")
+    ctx = self_context(cfg, segment_ids_bt, self.decoder_positions(batch, enc), "causal")
     spec = masks.MaskSpec(segment_ids_bt, enc.segment_ids_bs, "cross")
-    enc_rope_bs = rotary_table(enc.positions_bs, cfg.head_dim, cfg.rope_max_wavelength)
-    cross = CrossContext(enc.encoded_bsd, enc_rope_bs,
-                         spec if cfg.attention_impl != "xla" else masks.materialize(spec))
-    x_btd = dropout(self.embedding.embed(tokens_bt), cfg.dropout_rate, fold(dropout_rng, 3))
-    x_btd = self.decoder(x_btd, ctx, rng=fold(dropout_rng, 4), cross=cross)
-    x_btd = dropout(self.decoder_norm(x_btd), cfg.dropout_rate, fold(dropout_rng, 5))
+    cross = self.cross_context(enc, spec if cfg.attention_impl != "xla" else
+                               masks.materialize(spec))
+    x_btd, _ = self.decoder_hidden(tokens_bt, ctx, cross, dropout_rng=dropout_rng)
+    return self.head(x_btd, dropout_rng=dropout_rng)
+
+  def cross_context(self, enc: Encoded, mask_bhts: jax.Array | masks.MaskSpec) -> CrossContext:
+    cfg = self.cfg
+    enc_rope_bs = rotary_table(ops_lib.backend(cfg), enc.positions_bs, cfg.head_dim,
+                               cfg.rope_max_wavelength)
+    return CrossContext(enc.encoded_bsd, enc_rope_bs, mask_bhts)
+
+  def decoder_hidden(self, tokens_bt: jax.Array, ctx: SelfContext, cross: CrossContext, *,
+                     dropout_rng: jax.Array | None = None,
+                     cache: tuple[tuple[KVCache, KVCache], ...] | None = None):
+    """The decoder stack's output [batch, dec_length, embed] (and the updated per-layer
+    (self, cross) caches)."""
+    x_btd = dropout(self.embedding.embed(tokens_bt), self.cfg.dropout_rate, fold(dropout_rng, 3))
+    return self.decoder(x_btd, ctx, rng=fold(dropout_rng, 4), cross=cross, cache=cache)
+
+  def head(self, x_btd: jax.Array, *, dropout_rng: jax.Array | None = None) -> jax.Array:
+    """Final decoder norm and tied output layer: float32 logits [batch, length, vocab]."""
+    x_btd = dropout(self.decoder_norm(x_btd), self.cfg.dropout_rate, fold(dropout_rng, 5))
     return self.embedding.logits(x_btd)
 
   def __call__(self, batch: Mapping[str, jax.Array], *,

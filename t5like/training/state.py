@@ -59,9 +59,10 @@ class TrainSetup:
     return sum(x.size for x in jax.tree.leaves(self.abstract_state.params))
 
 
-def _model_parts(cfg: Config):
-  """(graphdef, abstract params as pure dict, logical axes as pure dict) of ``cfg.model``."""
-  abs_model = nnx.eval_shape(lambda: build_model(cfg.model, nnx.Rngs(cfg.train.seed)))
+def _model_parts(cfg: Config, mesh: Mesh):
+  """(graphdef, abstract params as pure dict, logical axes as pure dict) of ``cfg.model``, its
+  operations' backend chosen for ``mesh``'s devices (logged)."""
+  abs_model = nnx.eval_shape(lambda: build_model(cfg.model, nnx.Rngs(cfg.train.seed), mesh))
   graphdef, abs_params, rest = nnx.split(abs_model, nnx.Param, ...)
   if jax.tree.leaves(rest):
     raise ValueError(f"the model holds non-parameter state, which the trainer does not carry: "
@@ -105,7 +106,7 @@ def check_batch_layout(cfg: Config, mesh) -> None:
 def build_setup(cfg: Config, mesh: Mesh) -> TrainSetup:
   """Abstract, sharded layout of the train state for ``cfg`` on ``mesh`` (allocates nothing)."""
   with partitioning.axis_rules():
-    graphdef, abs_params, param_axes = _model_parts(cfg)
+    graphdef, abs_params, param_axes = _model_parts(cfg, mesh)
     tx = opt_lib.make_optimizer(cfg.train, param_axes)
     abs_state = jax.eval_shape(_init_fn(cfg, tx))
   opt_axes = opt_lib.optimizer_state_axes(abs_state.opt_state, abs_params, param_axes,

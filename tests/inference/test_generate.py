@@ -111,8 +111,8 @@ def test_sampling_is_reproducible_and_top_k_1_is_greedy(model):
 
 def test_a_generator_serves_many_calls_from_one_decode_layout(model, monkeypatch):
   made = []
-  real = gen._decode_weights
-  monkeypatch.setattr(gen, "_decode_weights", lambda m: made.append(1) or real(m))
+  real = gen._decode_layout
+  monkeypatch.setattr(gen, "_decode_layout", lambda m: made.append(1) or real(m))
   generator = Generator(model)
   shorter = [p[:10] for p in PROMPTS]  # Another padded width (16, not 32): another plan.
   assert generator(PROMPTS, max_new_tokens=NEW, eos_id=-1) == generate(model, PROMPTS,

@@ -1,5 +1,6 @@
-"""Fused attention kernels for accelerators (``model.attention_impl``), fed a ``MaskSpec``
-instead of a materialised ``[batch, heads, q, kv]`` mask.
+"""Fused attention cores for accelerators (``model.attention_impl``), fed a
+``models.masks.MaskSpec`` instead of a materialised ``[batch, heads, q, kv]`` mask; every
+backend's ``attention`` sends a MaskSpec here (``reference.Reference.attention``).
 
 - ``splash`` (TPU; Pallas interpret mode on CPU, for the tests): the splash-attention kernel
   with segment ids for packing. Its masks are static and block-sparse, so every per-row mask is
@@ -21,17 +22,37 @@ custom kernel, so the batch and head axes are split by the rule table first.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from t5like import partitioning
-from t5like.models.layers import on_cpu, platform
-from t5like.models.masks import MaskSpec
+
+MaskSpec = Any  # models.masks.MaskSpec (models call ops, not the other way round).
 
 _QKV = ("batch", "length", "heads", "kv")
 _SEG = ("batch", "length")
+
+
+def platform() -> str:
+  """The platform the computation being traced runs on: the mesh's devices (a TPU slice in an
+  ahead-of-time compile on a CPU host), else the default backend."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty:
+    return mesh.abstract_device.platform
+  return jax.default_backend()
+
+
+def attend(impl: str, q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
+           spec: MaskSpec) -> jax.Array:
+  """The core of ``model.attention_impl`` (``splash`` or ``cudnn``) under ``spec``."""
+  if impl == "splash":
+    return splash_attention(q_bthk, k_bsgk, v_bsgk, spec)
+  if impl == "cudnn":
+    return cudnn_attention(q_bthk, k_bsgk, v_bsgk, spec)
+  raise ValueError(f"a MaskSpec mask needs model.attention_impl 'splash' or 'cudnn', not {impl!r}")
 
 
 def _block(n: int) -> int:
@@ -77,7 +98,7 @@ def _splash_shard(kind: str, q_bthk, k_bshk, v_bshk, q_seg_bt, kv_seg_bs):
   """Per shard: vmap the single-example kernel over the local batch."""
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   t, h = q_bthk.shape[1], q_bthk.shape[2]
-  kernel = _splash_kernel(kind, t, k_bshk.shape[1], h, on_cpu())  # CPU: interpret mode.
+  kernel = _splash_kernel(kind, t, k_bshk.shape[1], h, platform() == "cpu")  # CPU: interpret.
   out_bhtk = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=sk.SegmentIds(qs, ks)))(
       q_bthk.transpose(0, 2, 1, 3), k_bshk.transpose(0, 2, 1, 3), v_bshk.transpose(0, 2, 1, 3),
       q_seg_bt, kv_seg_bs)

@@ -21,8 +21,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "mod
 from helpers import tiny_cfg, tokens  # noqa: E402
 from numerics import assert_close_to_scale  # noqa: E402
 from t5like.inference import generate  # noqa: E402
-from t5like.models import attention_kernels, build_model, masks  # noqa: E402
-from t5like.models.attention import dot_product_attention  # noqa: E402
+from t5like.models import build_model, masks
+from t5like.ops import fused_attention as attention_kernels  # noqa: E402
+from t5like.ops.reference import dot_product_attention  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

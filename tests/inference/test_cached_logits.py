@@ -3,7 +3,9 @@
 Teacher-forced: fixed continuation tokens are fed through the cache (prefill + one-token steps,
 the functions ``generate`` runs) and compared with one training forward over prompt + tokens, per
 row of a padded batch of mixed prompt lengths (DecLLM causal, prefix, mixed forward/backward,
-GQA, scanned and unrolled; RedLLM with continuous positions, both output-norm scopes).
+GQA, scanned and unrolled; RedLLM with continuous positions, both output-norm scopes); through
+the decoder unstacked as ``generate`` runs it on the model's chosen backend, and through the
+model's own (scanned or unrolled) stack on the reference backend.
 """
 from __future__ import annotations
 
@@ -18,15 +20,14 @@ from numerics import assert_close_to_scale
 from t5like.inference import generation as gen
 from t5like.inference import steps
 from t5like.inference.sampling import SamplingConfig
-from t5like.models.layers import TransposedKernel
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], [30]]
 FORCED = np.asarray([[40, 41, 42, 43], [50, 51, 52, 53], [60, 61, 62, 63]], np.int32)
 
 
-def cached_logits(model, prompts, forced_bm, transpose: bool | None = None):
+def cached_logits(model, prompts, forced_bm, unstacked: bool = True):
   """Logits [batch, m, vocab]: step 0 after the prompt, step t after forced tokens [:t]
-  (``transpose``: the decode weights' layout, ``steps.decode_weights``)."""
+  (``unstacked``: the decoder's layers as ``generate`` runs them, ``steps.decode_layout``)."""
   tokens, lens = gen._pad_inputs(prompts, model.cfg.family, len(prompts))
   m = forced_bm.shape[1]
   plan = gen._Plan(model.cfg.family, tokens.shape[1], m, -1, SamplingConfig())
@@ -35,8 +36,9 @@ def cached_logits(model, prompts, forced_bm, transpose: bool | None = None):
   @jax.jit
   def run(params, tokens, lens, forced):
     mdl = nnx.merge(graphdef, params)
-    weights = steps.decode_weights(mdl, transpose=transpose)
-    logits, cache, step = gen._prefill(mdl, weights, plan, tokens, lens)
+    if unstacked:
+      mdl = steps.decode_layout(mdl)
+    logits, cache, step = gen._prefill(mdl, plan, tokens, lens)
 
     def body(cache, t):
       lg, cache = step(forced[:, t - 1], t, cache)
@@ -78,7 +80,6 @@ CASES = {
     "decllm_prefix_per_layer_unrolled": ("decllm", dict(decoder_attention="prefix",
                                                         mixed_attention="per_layer",
                                                         scan_layers=False)),
-    # The prefill's last layer runs apart from the scanned others (steps._last_self_block).
     "decllm_prefix_per_layer_3_scanned": ("decllm", dict(decoder_attention="prefix",
                                                          mixed_attention="per_layer",
                                                          num_layers=3)),
@@ -89,14 +90,16 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("layout", ["cpu", "accelerator"])
+@pytest.mark.parametrize("layout", ["generate", "stack_reference"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_cached_logits_equal_full_forward(case, layout):
-  """``cpu``: the decode weights transposed, with side-by-side input kernels; ``accelerator``:
-  the training layout, one product per kernel (also checked on CPU)."""
+  """``generate``: the unstacked decoder on the chosen backend (on CPU its kernels);
+  ``stack_reference``: the model's own stack (scanned or unrolled) on the reference forms."""
   family, overrides = CASES[case]
+  if layout == "stack_reference":
+    overrides = dict(overrides, ops="reference")
   model = tiny_model(family, seed=1, **overrides)
-  got = cached_logits(model, PROMPTS, FORCED, transpose=layout == "cpu")
+  got = cached_logits(model, PROMPTS, FORCED, unstacked=layout == "generate")
   want = full_logits(model, PROMPTS, FORCED)
   for i in range(len(PROMPTS)):
     for t in range(FORCED.shape[1]):
@@ -113,43 +116,17 @@ def test_prefix_prompt_is_bidirectional():
   assert np.max(np.abs(a - b)) > 1e-3 * np.max(np.abs(b))
 
 
-def test_decode_layers_hold_transposed_copies_of_every_kernel():
-  """On CPU the decode step's per-layer copies store each dense kernel [out, in] (the layout the
-  cached-logits test above runs through), with the same numbers as the stacked parameters; the
-  kernels that read the same input (self-attention q | k | v, the MLP's gate | up) side by side
-  in one ``InputKernels`` entry and not also in the layer; the logits read the embedding table
-  itself."""
+def test_decode_layout_holds_a_copy_of_each_decoder_layer():
+  """``steps.decode_layout``: the decoder's layers as separate modules whose parameters are the
+  stacked parameters' slices; everything else (encoder, embedding) the model's own arrays."""
   model = tiny_model("redllm", seed=2, num_kv_heads=2)
-  weights = steps.decode_weights(model, transpose=True)  # The CPU default, on any platform.
-  assert weights.table.w_nk is model.embedding.table.get_value()
-  layers = weights.layers
-  stacked = model.decoder.layers
-  side_by_side = {("self_attention", "qkv"): ("wq", "wk", "wv"),
-                  ("mlp", "gate_up"): ("wi_gate", "wi_up")}
-  seen = 0
-  for i, (layer, inputs) in enumerate(zip(layers, weights.inputs, strict=True)):
-    def transposed(name, kname, n):
-      want = np.asarray(getattr(getattr(stacked, name), kname).get_value()[i])
-      return want.reshape(int(np.prod(want.shape[:n])), -1).T
-
-    for name in ("self_attention", "cross_attention", "mlp"):
-      module = getattr(layer, name)
-      grouped = {k: kn for (mod, k), kn in side_by_side.items() if mod == name}
-      for field, knames in grouped.items():
-        got = getattr(inputs, field)
-        assert isinstance(got, TransposedKernel) and got.n_contract == 1
-        np.testing.assert_array_equal(np.asarray(got.w_nk), np.concatenate(
-            [transposed(name, kn, 1) for kn in knames]))
-        assert all(getattr(module, kn) is None for kn in knames)  # One copy, not two.
-        seen += len(knames)
-      for kname, n in type(module).KERNELS.items():
-        if any(kname in kn for kn in grouped.values()):
-          continue
-        got = getattr(module, kname).get_value()
-        assert isinstance(got, TransposedKernel) and got.n_contract == n
-        np.testing.assert_array_equal(np.asarray(got.w_nk), transposed(name, kname, n))
-        seen += 1
-  assert seen == len(layers) * (4 + 4 + 3)
+  layout = steps.decode_layout(model)
+  assert layout.embedding.table.get_value() is model.embedding.table.get_value()
+  stacked = jax.tree.leaves(nnx.state(model.decoder.layers))
+  assert len(layout.decoder.layers) == model.cfg.num_decoder_layers
+  for i, layer in enumerate(layout.decoder.layers):
+    for got, want in zip(jax.tree.leaves(nnx.state(layer)), stacked, strict=True):
+      np.testing.assert_array_equal(got, np.asarray(want)[i])
 
 
 @pytest.mark.parametrize("family", ["decllm", "redllm"])
@@ -165,8 +142,8 @@ def test_decode_step_computes_its_rotation_once(family):
     graphdef = nnx.graphdef(model)
 
     def one_step(params, tokens, lens):
-      mdl = nnx.merge(graphdef, params)
-      _, cache, step = gen._prefill(mdl, steps.decode_weights(mdl), plan, tokens, lens)
+      mdl = steps.decode_layout(nnx.merge(graphdef, params))
+      _, cache, step = gen._prefill(mdl, plan, tokens, lens)
       return step(jnp.ones(len(PROMPTS), jnp.int32), 1, cache)[0]
 
     hlo = jax.jit(one_step).lower(nnx.to_pure_dict(nnx.state(model)), tokens, lens)

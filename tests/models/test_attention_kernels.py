@@ -16,8 +16,9 @@ from flax import nnx
 from helpers import tiny_cfg, tokens
 from numerics import assert_close_to_scale, assert_trees_close_to_scale
 from t5like.config import Config, ConfigError
-from t5like.models import attention_kernels, build_model, masks
-from t5like.models.attention import dot_product_attention
+from t5like.models import build_model, masks
+from t5like.ops import fused_attention as attention_kernels
+from t5like.ops.reference import dot_product_attention
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -125,14 +126,13 @@ def test_the_prefix_trick_sees_later_keys_only_inside_the_prefix():
 
 
 def test_splash_is_refused_on_a_gpu_with_the_alternatives(monkeypatch):
-  """Decided by the platform traced for (`layers.platform`: the mesh's devices, else the default
-  backend), so that a TPU mesh compiled ahead of time on a CPU host is not refused (`make
-  test-aot` compiles one)."""
-  from t5like.models import layers
+  """Decided by the platform traced for (`fused_attention.platform`: the mesh's devices, else
+  the default backend), so that a TPU mesh compiled ahead of time on a CPU host is not refused
+  (`make test-aot` compiles one)."""
   seg = jnp.ones((1, 8), jnp.int32)
   q = jnp.zeros((1, 8, 1, 8))
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert layers.platform() == "gpu" and not layers.on_cpu()
+  assert attention_kernels.platform() == "gpu"
   with pytest.raises(ValueError, match="TPU kernel.*on 'gpu'.*'cudnn'"):
     attention_kernels.splash_attention(q, q, q, masks.MaskSpec(seg, seg, "causal"))
 

@@ -1,9 +1,10 @@
 """The QKV norms + RoPE of attention on one CPU device (t5like/kernels/head_norm.cc).
 
-Forward and gradients (x and the norm's scale) equal XLA's ``norms.rms_norm`` then
-``rotary.apply_rope`` at the array's scale, float32 and bfloat16 projections, with and without
+Forward and gradients (x and the norm's scale) equal the ``xla_cpu`` backend's ``norm_rope``
+(RMSNorm then RoPE) at the array's scale, float32 and bfloat16 projections, with and without
 the rotation, at arbitrary (RedLLM's continuous) positions; the layers take the kernel exactly
-where it applies, and whole DecLLM / RedLLM losses and gradients are unchanged by it.
+where it applies, and whole DecLLM / RedLLM losses and gradients on the ``cpu_kernels``
+backend equal those on ``xla_cpu``.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 from helpers import tiny_cfg, tokens
 from numerics import assert_close_to_scale
 from t5like.kernels import head_norm, library
-from t5like.models import norms, rotary
+from t5like.models import rotary
+from t5like.ops.xla_cpu import XlaCpu
 
 pytestmark = pytest.mark.backends("cpu")  # XLA:CPU kernels (conftest.py).
 
@@ -35,8 +37,7 @@ def _case(dtype, d=32, rope=True):
 
 
 def _xla(x, scale, rot):
-  y = norms.rms_norm(x.astype(jnp.float32), scale, 1, EPS)
-  return y if rot is None else rotary.apply_rope(y, rot, 10_000.0)
+  return XlaCpu().norm_rope(x.astype(jnp.float32), scale, rot, EPS)
 
 
 def _kernel(x, scale, rot):
@@ -60,15 +61,13 @@ def test_kernel_equals_xla_norm_and_rope(kernels, dtype, rope):
   assert_close_to_scale(dscale, want_dscale, REL, "d scale")
 
 
-def test_applies_only_to_what_the_kernel_serves(kernels, monkeypatch):
+def test_applies_only_to_what_the_kernel_serves(kernels):
   x, _, rot, _ = _case(jnp.float32)
   assert head_norm.applies(x, rot) and head_norm.applies(x.astype(jnp.bfloat16), None)
   assert not head_norm.applies(x.astype(jnp.float16), rot)
   assert not head_norm.applies(x[..., :8], None)  # head_dim % 16
   narrow = rotary.Rotary(rot.sin[:1], rot.cos[:1])  # A table broadcast over the batch.
   assert not head_norm.applies(x, narrow)
-  monkeypatch.setenv(library.ENV_SWITCH, "0")
-  assert not head_norm.applies(x, rot)
 
 
 def test_a_wrong_table_is_a_clear_error(kernels):
@@ -84,31 +83,29 @@ def _calls(fn, *args) -> int:
 
 
 @pytest.mark.parametrize("family", ["decllm", "redllm"])
-def test_models_are_unchanged_by_the_kernel(kernels, family, monkeypatch):
+def test_models_are_unchanged_by_the_kernel(kernels, family):
   """Loss and every gradient of a whole model (head_dim 16, so the kernel applies; RedLLM's
   cross-attention rotates decoder queries at continuous positions) equal XLA's layers."""
   from flax import nnx
   from t5like.models import build_model
-  cfg = tiny_cfg(family, head_dim=16, scan_layers=False)
-  model = build_model(cfg, nnx.Rngs(0))
-  graphdef, params = nnx.split(model)
   if family == "decllm":
     batch = {"decoder_input_tokens": tokens((2, 16))}
   else:
     batch = {"encoder_input_tokens": tokens((2, 8)), "decoder_input_tokens": tokens((2, 8), 1)}
 
-  def loss(p):
-    return jnp.mean(jax.nn.logsumexp(nnx.merge(graphdef, p)(batch).astype(jnp.float32), -1))
+  def run(backend):
+    cfg = tiny_cfg(family, head_dim=16, scan_layers=False, ops=backend)
+    graphdef, params = nnx.split(build_model(cfg, nnx.Rngs(0)))
 
-  def run():  # A new function each time: the switch is read when it is traced.
-    fn = lambda p: jax.value_and_grad(loss)(p)  # noqa: E731
+    def loss(p):
+      return jnp.mean(jax.nn.logsumexp(nnx.merge(graphdef, p)(batch).astype(jnp.float32), -1))
+    fn = jax.value_and_grad(loss)
     return _calls(fn, params), jax.jit(fn)(params)
 
   # Forward and backward of q, k and v in every attention layer.
   layers = 2 if family == "decllm" else 2 + 2 * 2
-  calls, (got_loss, got) = run()
-  monkeypatch.setenv(library.ENV_SWITCH, "0")
-  xla_calls, (want_loss, want) = run()
+  calls, (got_loss, got) = run("cpu_kernels")
+  xla_calls, (want_loss, want) = run("xla_cpu")
   assert calls == 2 * 3 * layers and xla_calls == 0
   assert_close_to_scale(got_loss, want_loss, REL, "loss")
   for (path, g), w in zip(jax.tree.leaves_with_path(got), jax.tree.leaves(want)):

@@ -1,11 +1,11 @@
 """The train step's attention core on one CPU device (t5like/kernels/attention_train.cc).
 
-Forward and gradients for q, k and v equal XLA's core (``attention.dot_product_attention`` with
-the kernels switched off, the implementation the model tests check against the oracle) on the
+Forward and gradients for q, k and v equal XLA's core (the ``xla_cpu`` backend's attention, the
+``cpu_kernels`` backend's without the kernel) on the
 masks the models make: packed causal DecLLM rows with padding, a PrefixLM prefix, a packed
 bidirectional encoder, mixed per-head directions and RedLLM's cross-attention, with grouped kv
 heads, at the array's scale on any x86 CPU. Padding queries get zeros and no gradient. The
-callers take the kernel exactly where it applies; under a ``dots_no_batch`` remat the backward
+``cpu_kernels`` backend takes the kernel exactly where it applies; under a ``dots_no_batch`` remat the backward
 reads the forward's saved output instead of running the forward again.
 """
 from __future__ import annotations
@@ -22,9 +22,13 @@ import pytest
 from helpers import tiny_cfg, tokens
 from numerics import assert_close_to_scale
 from t5like.kernels import attention_train, library
-from t5like.models import attention, masks
+from t5like.models import masks
+from t5like.ops.cpu_kernels import CpuKernels
+from t5like.ops.xla_cpu import XlaCpu
 
 pytestmark = pytest.mark.backends("cpu")  # XLA:CPU kernels (conftest.py).
+
+_BACKEND = {"core": CpuKernels()}  # Whose attention core the tests call; XlaCpu(): XLA's own.
 
 REL = 1e-5  # float32, summation order only: scores over at most 72 keys of 64 features.
 # bfloat16 operands: the kernel computes in float32, XLA's core rounds the scaled queries, the
@@ -72,7 +76,7 @@ def test_kernel_equals_the_xla_core_forward_and_gradients(kernels, kind, monkeyp
   cot = jnp.asarray(np.random.default_rng(4).standard_normal(q.shape), jnp.float32)
 
   def loss(q, k, v):  # A new function each call: the switch is read when it is traced.
-    out = attention.dot_product_attention(q, k, v, mask, causal=causal)
+    out = _BACKEND["core"].attention(q, k, v, mask, causal=causal)
     return jnp.sum(out * cot), out
 
   def run():
@@ -81,7 +85,7 @@ def test_kernel_equals_the_xla_core_forward_and_gradients(kernels, kind, monkeyp
 
   calls, ((_, out), grads) = run()
   assert calls == (1, 1)
-  monkeypatch.setenv(library.ENV_SWITCH, "0")
+  monkeypatch.setitem(_BACKEND, "core", XlaCpu())
   xla_calls, ((_, want), want_grads) = run()
   assert xla_calls == (0, 0)
   assert_close_to_scale(out, want, REL, "out")
@@ -130,20 +134,20 @@ def test_avx512_and_avx2_tiles_give_the_same_bits(kernels, t, d, tmp_path, monke
       np.testing.assert_array_equal(a, b, err_msg=name)
   q, k, v, mask, _ = _case("causal", t=t, d=d)
   cot = jnp.asarray(np.random.default_rng(4).standard_normal(q.shape), jnp.float32)
-  monkeypatch.setenv(library.ENV_SWITCH, "0")
-  want, vjp = jax.vjp(lambda *a: attention.dot_product_attention(*a, mask, causal=True), q, k, v)
+  monkeypatch.setitem(_BACKEND, "core", XlaCpu())
+  want, vjp = jax.vjp(lambda *a: _BACKEND["core"].attention(*a, mask, causal=True), q, k, v)
   for name, a, b in zip(("out", "dq", "dk", "dv"), got, (want, *vjp(cot))):
     assert_close_to_scale(a, b, REL, name)
 
 
 def test_callers_take_the_kernel_only_where_it_applies(kernels, monkeypatch):
   """float32 or bfloat16, head size and key lengths multiples of 8, query lengths of 4, no
-  dropout, one device (a train step's 1-device mesh included), not switched off; otherwise
-  XLA's core."""
+  dropout, one device (a train step's 1-device mesh included), the ``cpu_kernels`` backend;
+  otherwise XLA's core."""
   q, k, v, mask, _ = _case("causal")
 
   def uses(q, k, v, mask, **kw):
-    fn = lambda q, k, v: attention.dot_product_attention(q, k, v, mask, **kw)  # noqa: E731
+    fn = lambda q, k, v: _BACKEND["core"].attention(q, k, v, mask, **kw)  # noqa: E731
     return _calls(fn, q, k, v)[0] == 1
 
   assert uses(q, k, v, mask)
@@ -167,7 +171,7 @@ def test_callers_take_the_kernel_only_where_it_applies(kernels, monkeypatch):
   with monkeypatch.context() as patch:  # Another default backend (a GPU host): never called.
     patch.setattr(jax, "default_backend", lambda: "gpu")
     assert not attention_train.applies(q, k, v, mask)
-  monkeypatch.setenv(library.ENV_SWITCH, "0")
+  monkeypatch.setitem(_BACKEND, "core", XlaCpu())
   assert not uses(q, k, v, mask)
 
 
@@ -178,21 +182,24 @@ def test_scanned_backward_reads_the_saved_forward(kernels, policy, forwards, mon
   gradients equal XLA's core either way."""
   from flax import nnx
   from t5like.models import build_model
-  cfg = tiny_cfg("decllm", scan_layers=True, remat_policy=policy)
-  model = build_model(cfg, nnx.Rngs(0))
-  graphdef, params = nnx.split(model)
   batch = {"decoder_input_tokens": tokens((2, 16))}
 
-  def grads(params):
-    def loss(p):
-      logits = nnx.merge(graphdef, p)(batch)
-      return jnp.mean(jax.nn.logsumexp(logits, -1))
-    return jax.grad(loss)(params)
+  def model_grads(backend):
+    cfg = tiny_cfg("decllm", scan_layers=True, remat_policy=policy, ops=backend)
+    graphdef, params = nnx.split(build_model(cfg, nnx.Rngs(0)))
 
+    def grads(params):
+      def loss(p):
+        logits = nnx.merge(graphdef, p)(batch)
+        return jnp.mean(jax.nn.logsumexp(logits, -1))
+      return jax.grad(loss)(params)
+    return grads, params
+
+  grads, params = model_grads("cpu_kernels")
   assert _calls(grads, params) == (forwards, 1)
   got = jax.jit(grads)(params)
-  monkeypatch.setenv(library.ENV_SWITCH, "0")
-  want = jax.jit(lambda p: grads(p))(params)
+  xla_grads, _ = model_grads("xla_cpu")
+  want = jax.jit(xla_grads)(params)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     assert_close_to_scale(g, w, REL)
 
@@ -208,35 +215,16 @@ def test_bfloat16_operands_match_the_xla_core_within_bfloat16_rounding(kernels, 
 
   def run():
     def loss(q, k, v):
-      out = attention.dot_product_attention(q, k, v, mask, causal=causal)
+      out = _BACKEND["core"].attention(q, k, v, mask, causal=causal)
       return jnp.sum((out * cot).astype(jnp.float32)), out
     fn = lambda *a: jax.value_and_grad(loss, (0, 1, 2), has_aux=True)(*a)  # noqa: E731
     return _calls(fn, q, k, v), jax.jit(fn)(q, k, v)
 
   calls, ((_, out), grads) = run()
-  monkeypatch.setenv(library.ENV_SWITCH, "0")
+  monkeypatch.setitem(_BACKEND, "core", XlaCpu())
   xla_calls, ((_, want), want_grads) = run()
   assert calls == (1, 1) and xla_calls == (0, 0)
   assert out.dtype == jnp.bfloat16 and all(g.dtype == jnp.bfloat16 for g in grads)
   assert_close_to_scale(out, want, BF16_REL, "out")
   for name, got, ref in zip(("dq", "dk", "dv"), grads, want_grads):
     assert_close_to_scale(got, ref, BF16_REL, name)
-
-
-def test_a_bfloat16_model_hands_the_kernel_float32_q_k_v(kernels, monkeypatch):
-  """In a bfloat16 DecLLM the QKV norms and RoPE pass float32 straight to the kernel (no round
-  trip through bfloat16); its logits stay within bfloat16 rounding of XLA's core."""
-  from flax import nnx
-  from t5like.models import build_model
-  model = build_model(tiny_cfg("decllm", dtype="bfloat16"), nnx.Rngs(0))
-  batch = {"decoder_input_tokens": tokens((2, 16))}
-  seen = []
-  attend = attention_train.attend
-  monkeypatch.setattr(attention_train, "attend",
-                      lambda q, k, v, m: seen.append((q.dtype, k.dtype, v.dtype)) or
-                      attend(q, k, v, m))
-  logits = jax.jit(lambda m: m(batch))(model)
-  assert seen and all(dtypes == (jnp.float32,) * 3 for dtypes in seen)  # (Layers scanned.)
-  monkeypatch.setenv(library.ENV_SWITCH, "0")
-  want = jax.jit(lambda m: m(batch))(model)
-  assert_close_to_scale(logits.astype(jnp.float32), want.astype(jnp.float32), BF16_REL)

@@ -1,9 +1,9 @@
-"""The rewritten hot paths equal the forms they replaced (benchmarks/step_breakdown.py says why
-they were rewritten): 2-D projections vs the einsums, the additive mask bias vs masking scores and
-probabilities, the float32 logits matmul vs the plain dot, the RoPE table made once per forward vs
-sin/cos in every layer, causal query blocks vs the whole softmax, the RMSNorm VJP vs autodiff —
-forward and gradients, float32 to reordering tolerance, bfloat16 within 2e-2 of the float32
-result's scale."""
+"""The ``xla`` / ``xla_cpu`` backends' rewritten forms (t5like/ops) in detail, beyond the op-by-op
+equality of tests/models/test_ops_seam.py: the additive mask bias vs masking scores and
+probabilities, the float32 logits matmul vs the plain dot (float64 kept), the RoPE table made once
+per forward vs sin/cos in every layer, causal query blocks vs the whole softmax (and that they
+skip keys), the RMSNorm VJP vs autodiff in float64 — float32 to reordering tolerance, bfloat16
+within 2e-2 of the float32 result's scale."""
 from __future__ import annotations
 
 import jax
@@ -14,11 +14,15 @@ from flax import nnx
 
 from helpers import tiny_model, tokens
 from numerics import assert_close_to_scale, assert_trees_close_to_scale
-from t5like.models import attention, decllm, masks, norms, redllm
-from t5like.models.attention import NEG_INF, attention_weights
-from t5like.models.layers import matmul_2d, on_cpu, project, transpose_kernel
+from t5like.models import decllm, masks, norms, redllm
 from t5like.models.losses import cross_entropy_with_z_loss
-from t5like.models.rotary import apply_rope, rotary_table
+from t5like.models.rotary import apply_rope
+from t5like.ops import xla
+from t5like.ops.reference import NEG_INF
+from t5like.ops.xla import attention_weights
+from t5like.ops.xla_cpu import XlaCpu
+
+XLA = xla.Xla()
 
 
 def _where_weights(q, k, mask):
@@ -31,60 +35,7 @@ def _where_weights(q, k, mask):
   return jnp.where(mask, jax.nn.softmax(s, axis=-1), 0.0)
 
 
-# einsum -> (contracted axes of the weight, x shape, w shape); x is [batch, length, ...].
-PROJECTIONS = {"btd,dhk->bthk": (1, (3, 5, 16), (16, 4, 8)),
-               "bthk,hkd->btd": (2, (3, 5, 4, 8), (4, 8, 16)),
-               "btd,df->btf": (1, (3, 5, 16), (16, 24))}
 DTYPES = [("float32", 1e-5), ("bfloat16", 2e-2)]  # Compute dtype, tolerance (of scale).
-
-
-@pytest.mark.parametrize("spec", list(PROJECTIONS))
-@pytest.mark.parametrize("dtype, rel", DTYPES)
-def test_project_equals_the_einsum(spec, dtype, rel):
-  n, x_shape, w_shape = PROJECTIONS[spec]
-  r = jax.random.split(jax.random.key(0), 3)
-  x = jax.random.normal(r[0], x_shape)
-  w = jax.random.normal(r[1], w_shape)
-  cot = jax.random.normal(r[2], jnp.einsum(spec, x, w).shape)
-  ref_out, ref_vjp = jax.vjp(lambda a, b: jnp.einsum(spec, a, b), x, w)  # float32 reference
-  dt = jnp.dtype(dtype)
-  out, vjp = jax.vjp(lambda a, b: project(a, b, n), x.astype(dt), w.astype(dt))
-  assert_close_to_scale(out, ref_out, rel)
-  for got, want in zip(vjp(cot.astype(dt)), ref_vjp(cot)):
-    assert_close_to_scale(got, want, rel)
-
-
-@pytest.mark.parametrize("spec", list(PROJECTIONS))
-@pytest.mark.parametrize("dtype, rel", DTYPES)
-def test_project_with_a_transposed_kernel_equals_the_einsum(spec, dtype, rel):
-  """The decode step's ``TransposedKernel`` ([out, in] storage) is the same contraction, here
-  with one token per row as in a decode step."""
-  n, x_shape, w_shape = PROJECTIONS[spec]
-  x_shape = (8, 1) + x_shape[2:]
-  r = jax.random.split(jax.random.key(3), 2)
-  x = jax.random.normal(r[0], x_shape)
-  w = jax.random.normal(r[1], w_shape)
-  dt = jnp.dtype(dtype)
-  kernel = transpose_kernel(w, n).astype(dt)
-  assert kernel.w_nk.shape == (np.prod(w_shape[n:]), np.prod(w_shape[:n]))
-  out = jax.jit(lambda a, b: project(a, b, n))(x.astype(dt), kernel)
-  assert out.dtype == dt
-  assert_close_to_scale(out, jnp.einsum(spec, x, w), rel)
-
-
-@pytest.mark.parametrize("dtype, rel", DTYPES)
-@pytest.mark.parametrize("rows", [1, 8])
-def test_decode_logits_through_the_table_equal_the_training_logits(rows, dtype, rel):
-  """``TiedEmbedding.logits`` with ``decode_table()`` (the decode step's product, the table as
-  the streamed operand) equals the training path over the parameter."""
-  emb = tiny_model("decllm", dtype=dtype).embedding
-  x = jax.random.normal(jax.random.key(4), (rows, 1, emb.cfg.d_model)).astype(dtype)
-  table = emb.decode_table()
-  assert table.w_nk is emb.table.get_value()  # The parameter itself: no per-call copy.
-  got = jax.jit(lambda a, t: emb.logits(a, t))(x, table)
-  want = jax.jit(emb.logits)(x)
-  assert got.dtype == want.dtype == jnp.float32 and got.shape == (rows, 1, emb.cfg.vocab_size)
-  assert_close_to_scale(got, want, rel)
 
 
 @pytest.mark.parametrize("kind, mixed", [("causal", "none"), ("prefix", "none"),
@@ -114,7 +65,7 @@ def test_cpu_logits_matmul_equals_the_plain_dot():
   a = jax.random.normal(r[0], (6, 16))
   b = jax.random.normal(r[1], (40, 16))
   cot = jax.random.normal(r[2], (6, 40))
-  out, vjp = jax.vjp(lambda x, w: matmul_2d(x, w, 1, jnp.float32), a, b)
+  out, vjp = jax.vjp(lambda x, w: XlaCpu().matmul(x, w, 1, jnp.float32), a, b)
   ref, ref_vjp = jax.vjp(lambda x, w: jnp.einsum("mk,nk->mn", x, w), a, b)
   assert_close_to_scale(out, ref, 1e-5)
   for got, want in zip(vjp(cot), ref_vjp(cot)):
@@ -126,7 +77,7 @@ def test_cpu_logits_matmul_keeps_float64():
   with jax.enable_x64(True):
     a = jnp.ones((3, 4), jnp.float64) / 3
     b = jnp.ones((5, 4), jnp.float64)
-    out, vjp = jax.vjp(lambda x, w: matmul_2d(x, w, 1, jnp.float64), a, b)
+    out, vjp = jax.vjp(lambda x, w: XlaCpu().matmul(x, w, 1, jnp.float64), a, b)
     assert out.dtype == jnp.float64 and abs(float(out[0, 0]) - 4 / 3) < 1e-14  # f32: ~1e-7.
     assert all(g.dtype == jnp.float64 for g in vjp(jnp.ones_like(out)))
 
@@ -137,7 +88,7 @@ def test_rope_equals_the_complex_rotation(use_table):
   in float64 numpy; from integer positions or from their ``rotary_table``."""
   x = np.random.RandomState(0).randn(2, 7, 3, 8).astype(np.float32)
   pos = np.random.RandomState(1).randint(0, 300, size=(2, 7)).astype(np.int32)
-  rot = rotary_table(jnp.asarray(pos), 8, 1e4) if use_table else jnp.asarray(pos)
+  rot = XlaCpu().rotary_table(jnp.asarray(pos), 8, 1e4) if use_table else jnp.asarray(pos)
   got = jax.jit(lambda a, r: apply_rope(a, r, 1e4))(jnp.asarray(x), rot)
   freq = 1e4 ** (-np.arange(4) * 2.0 / 8)  # [half]
   z = (x[..., :4] + 1j * x[..., 4:]) * np.exp(1j * pos[:, :, None, None] * freq)
@@ -161,9 +112,9 @@ def _packed_batch(family: str) -> dict:
   return batch
 
 
-def _loss_and_grads(family: str, attention: str, batch: dict):
+def _loss_and_grads(family: str, attention: str, batch: dict, backend: str = "auto"):
   """Loss (with z-loss) and parameter gradients of a tiny model on ``batch``, traced anew."""
-  model = tiny_model(family, decoder_attention=attention)
+  model = tiny_model(family, decoder_attention=attention, ops=backend)
   graphdef, params = nnx.split(model, nnx.Param)
 
   def loss(p):
@@ -185,7 +136,7 @@ def test_rope_table_once_per_forward_equals_rotating_in_every_layer(family, atte
   batch = _packed_batch(family)
   table = _loss_and_grads(family, attention, batch)
   for module in (decllm, redllm):  # Integer positions reach every layer's ``apply_rope``.
-    monkeypatch.setattr(module, "rotary_table", lambda positions, *args: positions)
+    monkeypatch.setattr(module, "rotary_table", lambda ops, positions, *args: positions)
   per_layer = _loss_and_grads(family, attention, batch)
   assert_close_to_scale(table[0], per_layer[0])
   assert_trees_close_to_scale(table[1], per_layer[1])
@@ -212,7 +163,7 @@ def test_unrolled_layers_compute_the_rope_table_once(family):
 
   one, three = cosines(1), cosines(3)
   assert one == three, (one, three)
-  if on_cpu():
+  if jax.default_backend() == "cpu":  # model.ops "auto": an XLA:CPU backend.
     assert three == 2 * (1 if family == "decllm" else 2), three
 
 
@@ -232,7 +183,7 @@ def test_causal_blocks_equal_the_whole_softmax(kv_heads, dtype, rel, monkeypatch
   """Causal query blocks, each attending only the keys up to its own last row, give the softmax
   over every key (those keys are masked for the whole block): packed causal rows with padding,
   grouped kv heads, forward and gradients; and the blocks really skip keys."""
-  monkeypatch.setattr(attention, "CAUSAL_BLOCK", 4)  # 12 queries: blocks of 4, 4 and 4.
+  monkeypatch.setattr(xla, "CAUSAL_BLOCK", 4)  # 12 queries: blocks of 4, 4 and 4.
   r = jax.random.split(jax.random.key(5), 4)
   q = jax.random.normal(r[0], (2, 12, 4, 8))
   k = jax.random.normal(r[1], (2, 12, kv_heads, 8))
@@ -242,7 +193,7 @@ def test_causal_blocks_equal_the_whole_softmax(kv_heads, dtype, rel, monkeypatch
   cot = jax.random.normal(r[3], (2, 12, 4, 8))
 
   def core(causal):
-    return lambda a, b, c: attention.dot_product_attention(a, b, c, mask, causal=causal)
+    return lambda a, b, c: XLA.attention(a, b, c, mask, causal=causal)
 
   ref, ref_vjp = jax.vjp(core(False), q, k, v)  # float32 reference, every key.
   dt = jnp.dtype(dtype)
@@ -254,29 +205,29 @@ def test_causal_blocks_equal_the_whole_softmax(kv_heads, dtype, rel, monkeypatch
     assert_close_to_scale(g, want, rel)
   assert _dot_key_lengths(core(True), q, k, v)[::2] == [4, 8, 12]  # Scores, then PV per block.
   assert _dot_key_lengths(core(False), q, k, v)[::2] == [12]
-  monkeypatch.setattr(attention, "CAUSAL_MAX_BLOCKS", 2)  # Longer blocks, not more of them.
+  monkeypatch.setattr(xla, "CAUSAL_MAX_BLOCKS", 2)  # Longer blocks, not more of them.
   assert _dot_key_lengths(core(True), q, k, v)[::2] == [6, 12]
 
 
 @pytest.mark.parametrize("family", ["decllm", "redllm"])
 def test_causal_blocks_in_the_model_equal_one_block(family, monkeypatch):
   """Loss and gradients of a packed batch with the causal stacks in blocks of 4 queries equal
-  one block (DecLLM causal self-attention; RedLLM's decoder, continuous positions); prefix
-  masks are not causal and are never split."""
+  one block (DecLLM causal self-attention; RedLLM's decoder, continuous positions) on the
+  ``xla_cpu`` backend; prefix masks are not causal and are never split."""
   batch = _packed_batch(family)
-  whole = _loss_and_grads(family, "causal", batch)
-  monkeypatch.setattr(attention, "CAUSAL_BLOCK", 4)
+  whole = _loss_and_grads(family, "causal", batch, "xla_cpu")
+  monkeypatch.setattr(xla, "CAUSAL_BLOCK", 4)
   key_lengths = []  # Of every self-attention core the model traces (cross-attention: 10 keys).
-  attend = attention._attend
-  monkeypatch.setattr(attention, "_attend",
+  attend = xla._attend
+  monkeypatch.setattr(xla, "_attend",
                       lambda q, k, *a: key_lengths.append(k.shape[1]) or attend(q, k, *a))
-  blocks = _loss_and_grads(family, "causal", batch)
+  blocks = _loss_and_grads(family, "causal", batch, "xla_cpu")
   assert {4, 8, 12} <= set(key_lengths), key_lengths  # The causal stack did run in blocks.
   assert_close_to_scale(blocks[0], whole[0])
   assert_trees_close_to_scale(blocks[1], whole[1])
   if family == "decllm":  # A prefix mask lets the prefix see later keys: never in blocks.
     key_lengths.clear()
-    _loss_and_grads(family, "prefix", batch)
+    _loss_and_grads(family, "prefix", batch, "xla_cpu")
     assert set(key_lengths) == {12}, key_lengths
 
 
@@ -296,7 +247,7 @@ def test_rms_norm_vjp_equals_autodiff_in_float64(shape, n):
     scale = jnp.asarray(rng.normal(size=shape[-n:]))
     dy = jnp.asarray(rng.normal(size=shape))
     eps = 1e-6
-    out, vjp = jax.vjp(lambda a, s: norms.rms_norm(a, s, n, eps), x, scale)
+    out, vjp = jax.vjp(lambda a, s: xla._rms_norm(a, s, n, eps), x, scale)
     want, want_vjp = jax.vjp(lambda a, s: _autodiff_rms_norm(a, s, n, eps), x, scale)
     assert out.dtype == jnp.float64
     np.testing.assert_allclose(out, want, rtol=1e-13, atol=1e-13)
@@ -310,7 +261,8 @@ def test_rms_norm_module_gradients_equal_autodiff(dtype, rel):
   """The module (float32 inside, the input's dtype out), differentiated through its parameter
   and its input, against autodiff of the formula it used to compute: forward and the gradients
   of x and of the scale to reordering tolerance."""
-  norm = norms.RMSNorm((8,), ("kv",), eps=1e-6, param_dtype="float32", rngs=nnx.Rngs(0))
+  norm = norms.RMSNorm((8,), ("kv",), eps=1e-6, param_dtype="float32", ops=XLA,
+                       rngs=nnx.Rngs(0))
   norm.scale[...] = jnp.linspace(0.5, 1.5, 8)
   graphdef, params = nnx.split(norm)
   x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 6, 4, 8)), dtype)

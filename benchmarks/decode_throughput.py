@@ -13,7 +13,7 @@ vocab 8192; DecLLM 4 layers, RedLLM 2 encoder + 2 decoder layers. Each case is
 - ``decode tok/s``: generated tokens per second of the one-token steps (total minus prefill);
 - ``new tok/s``: generated tokens per second of a whole generation call (what Hugging Face's
   ``generate`` is usually quoted at), median of ``--repeats`` calls after one compiling call, from
-  one ``Generator`` (the decode layout of the weights made once, as HF's model is loaded once).
+  one ``Generator`` (the decoder's layers unstacked once, as HF's model is loaded once).
   The systems of a case take turns, one call each per round (``alternating_medians``): on a
   shared host a peer timed minutes later ran 244-351 new tokens/s within one day;
 - ``GFLOP/seq``: analytic inference FLOPs per sequence (t5like.evaluation.cost, docs/flops.md:
@@ -21,14 +21,13 @@ vocab 8192; DecLLM 4 layers, RedLLM 2 encoder + 2 decoder layers. Each case is
 
 ``--peer`` adds Hugging Face transformers' ``LlamaForCausalLM.generate`` (greedy, KV cache) on
 PyTorch at the DecLLM shapes, when torch and transformers are installed (never a dependency of
-t5like), and prints t5like's ratio to it. ``--xla_kernels`` adds t5like rows whose decode
-steps run on XLA's own operations instead of the CPU kernels (``t5like/kernels/``, switched off by
-``T5LIKE_CPU_KERNELS=0``), in the same run.
+t5like), and prints t5like's ratio to it. ``--xla_kernels`` adds t5like rows on XLA's own
+operations instead of the CPU kernels (``model.ops="xla_cpu"`` rather than the default
+``cpu_kernels``, t5like/ops), in the same run.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import sys
@@ -46,9 +45,7 @@ from t5like import runtime  # noqa: E402
 from t5like.config.model import ModelConfig  # noqa: E402
 from t5like.evaluation.cost import inference_flops  # noqa: E402
 from t5like.inference import generation as gen  # noqa: E402
-from t5like.inference import steps  # noqa: E402
 from t5like.inference.sampling import SamplingConfig  # noqa: E402
-from t5like.kernels import library  # noqa: E402
 from t5like.models import build_model  # noqa: E402
 
 
@@ -75,25 +72,11 @@ def prefill_seconds(generator: gen.Generator, prompts, new: int, repeats: int) -
   plan = gen._Plan(g.cfg.family, tokens.shape[1], new, -1, SamplingConfig())
 
   @jax.jit
-  def fn(params, layers, table, inputs, t, n):
-    weights = steps.DecodeWeights(nnx.merge(g._layers_graphdef, layers), table, inputs)
-    return gen._prefill(nnx.merge(g._graphdef, params), weights, plan, t, n)[:2]
+  def fn(params, t, n):
+    return gen._prefill(nnx.merge(g._graphdef, params), plan, t, n)[:2]
 
-  return timing.median_seconds(lambda: jax.block_until_ready(
-      fn(g._params, g._layers, g._table, g._inputs, tokens, lens)), repeats)
-
-
-@contextlib.contextmanager
-def _kernels_switched_off():
-  """``T5LIKE_CPU_KERNELS=0`` while a row is traced (the user's setting restored after)."""
-  before = os.environ.get(library.ENV_SWITCH)
-  os.environ[library.ENV_SWITCH] = "0"
-  try:
-    yield
-  finally:
-    os.environ.pop(library.ENV_SWITCH)
-    if before is not None:
-      os.environ[library.ENV_SWITCH] = before
+  return timing.median_seconds(lambda: jax.block_until_ready(fn(g._params, tokens, lens)),
+                               repeats)
 
 
 class System(NamedTuple):
@@ -106,20 +89,19 @@ class System(NamedTuple):
 def t5like_system(family: str, dtype: str, batch: int, prompt: int, new: int, repeats: int,
                   xla_kernels: bool = False) -> System:
   cfg = small_model_config(family, dtype)
+  if xla_kernels:
+    cfg.ops = "xla_cpu"
   model = build_model(cfg, nnx.Rngs(0))
   params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   rng = np.random.RandomState(0)
   prompts = [rng.randint(2, cfg.vocab_size, size=prompt).tolist() for _ in range(batch)]
   generator = gen.Generator(model)  # The decode layout once, as eval.py's generation uses it.
-  switch = _kernels_switched_off if xla_kernels else contextlib.nullcontext
 
   def call():
-    with switch():  # Read when the call is traced, and part of its compilation's key.
-      return generator(prompts, max_new_tokens=new, eos_id=-1)
+    return generator(prompts, max_new_tokens=new, eos_id=-1)
 
   def row(total: float) -> dict:
-    with switch():
-      pre = prefill_seconds(generator, prompts, new, repeats)
+    pre = prefill_seconds(generator, prompts, new, repeats)
     return {"system": f"t5like {family}" + (" (XLA ops)" if xla_kernels else ""),
             "dtype": dtype, "params_m": params / 1e6, "case": f"{batch}x{prompt}+{new}",
             "prefill_tok_s": batch * prompt / pre,

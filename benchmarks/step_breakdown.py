@@ -27,13 +27,12 @@ from benchmarks import timing  # noqa: E402
 from t5like import partitioning  # noqa: E402
 from t5like.config.presets import BENCHMARK_CONFIGS as CONFIGS  # noqa: E402
 from t5like.models import masks  # noqa: E402
-from t5like.models.attention import Attention, dot_product_attention  # noqa: E402
+from t5like import ops  # noqa: E402
+from t5like.models.attention import Attention  # noqa: E402
 from t5like.models.embedding import TiedEmbedding  # noqa: E402
-from t5like.models.layers import project  # noqa: E402
 from t5like.models.losses import cross_entropy_with_z_loss  # noqa: E402
 from t5like.models.mlp import SwiGLU  # noqa: E402
 from t5like.models.norms import RMSNorm  # noqa: E402
-from t5like.models.rotary import apply_rope  # noqa: E402
 from t5like.training import state as state_lib  # noqa: E402
 from t5like.training import step as step_lib  # noqa: E402
 from t5like.training.data import SyntheticData, global_batch  # noqa: E402
@@ -113,7 +112,7 @@ def _attention_pieces(m, batch, reps: int) -> list[tuple[str, float]]:
   cache: dict = {}
   proj = core = normrope = 0.0
   for tq, tk, kind in _attention_calls(m, batch):
-    causal = kind == "causal"  # Query blocks skip later keys (``dot_product_attention``).
+    causal = kind == "causal"  # Query blocks skip later keys (the ``xla`` forms).
     if (tq, tk, kind) not in cache:
       xq = jax.random.normal(key, (b, tq, m.d_model), dt)
       xk = jax.random.normal(key, (b, tk, m.d_model), dt)
@@ -127,18 +126,18 @@ def _attention_pieces(m, batch, reps: int) -> list[tuple[str, float]]:
 
       def projections(p, xq, xk):
         a = nnx.merge(gdef, p)
-        d = project(xq, a.wq[...].astype(dt))
-        kk = project(xk, a.wk[...].astype(dt))
-        vv = project(xk, a.wv[...].astype(dt))
+        d = a.ops.dense(xq, a.wq[...].astype(dt))
+        kk = a.ops.dense(xk, a.wk[...].astype(dt))
+        vv = a.ops.dense(xk, a.wv[...].astype(dt))
         return a.project_out(d) + jnp.sum(kk) + jnp.sum(vv)
 
       def norm_rope(p, q, k):
         a = nnx.merge(gdef, p)
-        return (apply_rope(a.q_norm(q), pq, m.rope_max_wavelength),
-                apply_rope(a.k_norm(k), pk, m.rope_max_wavelength), a.v_norm(k))
+        return a.norm_rope(q, "q_norm", pq), a.norm_rope(k, "k_norm", pk), a.norm_rope(
+            k, "v_norm", None)
 
       def attention_core(q, k, v):
-        return dot_product_attention(q, k, v, mask, causal=causal)
+        return ops.backend(m).attention(q, k, v, mask, causal=causal)
       cache[(tq, tk, kind)] = (
           _time(_fwd_bwd(projections), aparams, xq, xk, reps=reps),
           _time(_fwd_bwd(norm_rope), aparams, q, k, reps=reps),
@@ -162,7 +161,7 @@ def _other_pieces(cfg, batch, reps: int) -> list[tuple[str, float]]:
   rows = [("SwiGLU MLP", mlp_calls * _time(_fwd_bwd(lambda p, x: nnx.merge(g, p)(x)), mp, x,
                                            reps=reps))]
   g, np_ = nnx.split(RMSNorm((m.d_model,), ("embed",), eps=m.norm_eps,
-                             param_dtype=m.param_dtype, rngs=rngs))
+                             param_dtype=m.param_dtype, ops=ops.backend(m), rngs=rngs))
   norms = attn_calls + mlp_calls + (2 if m.family == "redllm" else 1)
   rows.append(("RMSNorm pre-norms", norms * _time(_fwd_bwd(lambda p, x: nnx.merge(g, p)(x)), np_,
                                                   x, reps=reps)))

@@ -76,14 +76,14 @@ def hlo_kernels(hlo: str) -> dict[str, tuple[str, bool]]:
 
 # The part of the model a kernel belongs to, from the innermost frame of its source stack (the
 # compiled module's stack-frame tables) that one of these rules names: (file, function name
-# fragment or "" for any) -> part. Frames in files no rule names (``layers.py``'s matmul
-# helpers, JAX itself) are skipped, so a product is charged to the module that asked for it.
+# fragment or "" for any) -> part. Frames in files no rule names (``t5like/ops``' forms,
+# JAX itself) are skipped, so a product is charged to the module that asked for it.
 PART_RULES = (
     ("/kernels/head_norm.py", "", "norms + RoPE"), ("/models/norms.py", "", "norms + RoPE"),
     ("/models/rotary.py", "", "norms + RoPE"),
-    ("/models/attention.py", "norm_and_rotate", "norms + RoPE"),
+    ("/models/attention.py", "norm_rope", "norms + RoPE"),
     ("/models/masks.py", "", "masks"), ("/kernels/attention_train.py", "", "attention core"),
-    ("/models/attention_kernels.py", "", "attention core"),
+    ("/ops/fused_attention.py", "", "attention core"),
     ("/models/attention.py", "project_", "attention projections"),
     ("/models/attention.py", "", "attention core"), ("/models/mlp.py", "", "MLP (SwiGLU)"),
     ("/models/embedding.py", "", "embedding, logits + loss"),

@@ -73,7 +73,7 @@ class Attention(nnx.Module):
       else:
         self.out_norm = RMSNorm((h, k), ("heads", "kv"), **norm)
 
-  def _norm_rope(self, x_bthk: jax.Array, norm: str, pos: jax.Array | Rotary | None):
+  def norm_rope(self, x_bthk: jax.Array, norm: str, pos: jax.Array | Rotary | None):
     """The Q/K/V norm ``norm`` (if ``qkv_norm``), then RoPE by ``pos`` (if any and ``use_rope``)."""
     cfg = self.cfg
     scale = getattr(self, norm).scale[...] if cfg.qkv_norm else None
@@ -88,12 +88,12 @@ class Attention(nnx.Module):
     ``x_kv``); positions are integer [batch, length] arrays or their ``rotary_table``."""
     dt = dtype(self.cfg.dtype)
     q_bthk = self.ops.dense(x_q_btd.astype(dt), self.wq[...])  # btd,dhk->bthk
-    q_bthk = self._norm_rope(q_bthk, "q_norm", q_pos_bt)
+    q_bthk = self.norm_rope(q_bthk, "q_norm", q_pos_bt)
     if x_kv_bsd is None:
       return q_bthk, None, None
     xkv = x_kv_bsd.astype(dt)
-    k_bsgk = self._norm_rope(self.ops.dense(xkv, self.wk[...]), "k_norm", kv_pos_bs)
-    v_bsgk = self._norm_rope(self.ops.dense(xkv, self.wv[...]), "v_norm", None)
+    k_bsgk = self.norm_rope(self.ops.dense(xkv, self.wk[...]), "k_norm", kv_pos_bs)
+    v_bsgk = self.norm_rope(self.ops.dense(xkv, self.wv[...]), "v_norm", None)
     return q_bthk, k_bsgk, v_bsgk
 
   def project_out(self, out_bthk: jax.Array) -> jax.Array:

@@ -71,9 +71,14 @@ def resolve(cfg, mesh=None):
   if cfg.ops in BACKENDS and not os.environ.get(ENV_OPS):
     return cfg
   chosen = choose(cfg.ops, mesh)
-  log.info("model ops: %s (model.ops=%r, attention_impl=%r)", chosen, cfg.ops,
-           cfg.attention_impl)
+  _log_choice(chosen, cfg.ops, cfg.attention_impl)
   return dataclasses.replace(cfg, ops=chosen)
+
+
+@functools.cache
+def _log_choice(chosen: str, ops: str, attention_impl: str) -> None:
+  """Once per process and decision: a run builds its model more than once."""
+  log.info("model ops: %s (model.ops=%r, model.attention_impl=%r)", chosen, ops, attention_impl)
 
 
 @functools.cache
@@ -92,8 +97,10 @@ def _backend(name: str, attention_impl: str) -> Reference:
 
 
 def backend(cfg) -> Reference:
-  """The backend of a resolved ModelConfig (``resolve``): a pure look-up."""
-  return _backend(cfg.ops, cfg.attention_impl)
+  """The backend of a ModelConfig: a look-up where ``resolve`` made ``cfg.ops`` concrete (the
+  models do, where they are built), else ``choose`` on this process's default backend."""
+  name = cfg.ops if cfg.ops in BACKENDS else choose(cfg.ops)
+  return _backend(name, cfg.attention_impl)
 
 
 __all__ = ["BACKENDS", "Reference", "Rotary", "SAVED_NAMES", "backend", "choose", "resolve"]

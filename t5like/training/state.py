@@ -73,9 +73,9 @@ def _model_parts(cfg: Config, mesh: Mesh):
   return graphdef, nnx.to_pure_dict(abs_params), nnx.to_pure_dict(axes)
 
 
-def _init_fn(cfg: Config, tx: optax.GradientTransformation):
+def _init_fn(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh):
   def init() -> TrainState:
-    model = build_model(cfg.model, nnx.Rngs(cfg.train.seed))
+    model = build_model(cfg.model, nnx.Rngs(cfg.train.seed), mesh)
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     zero = jnp.zeros((), jnp.int32)
     return TrainState(step=zero, params=params, opt_state=tx.init(params), skipped_steps=zero,
@@ -108,7 +108,7 @@ def build_setup(cfg: Config, mesh: Mesh) -> TrainSetup:
   with partitioning.axis_rules():
     graphdef, abs_params, param_axes = _model_parts(cfg, mesh)
     tx = opt_lib.make_optimizer(cfg.train, param_axes)
-    abs_state = jax.eval_shape(_init_fn(cfg, tx))
+    abs_state = jax.eval_shape(_init_fn(cfg, tx, mesh))
   opt_axes = opt_lib.optimizer_state_axes(abs_state.opt_state, abs_params, param_axes,
                                           cfg.train.adafactor_min_dim_to_factor)
   partitioning.check_divisible(param_axes, abs_state.params, mesh,
@@ -147,7 +147,7 @@ def log_memory_layout(setup: TrainSetup) -> dict[str, int]:
 
 def init_state(setup: TrainSetup) -> TrainState:
   """Random initial state, created shard by shard on the devices (jit with out_shardings)."""
-  init = jax.jit(_init_fn(setup.cfg, setup.tx), out_shardings=setup.state_shardings)
+  init = jax.jit(_init_fn(setup.cfg, setup.tx, setup.mesh), out_shardings=setup.state_shardings)
   with jax.set_mesh(setup.mesh), partitioning.axis_rules():
     return init()
 

@@ -26,7 +26,6 @@ CPU = CpuKernels()
 
 pytestmark = pytest.mark.backends("cpu")  # XLA:CPU kernels (conftest.py).
 
-EPS32 = float(np.finfo(np.float32).eps)
 
 
 def _cpu_has_avx2_fma() -> bool:

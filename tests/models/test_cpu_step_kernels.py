@@ -11,7 +11,6 @@ import pytest
 from flax import nnx
 
 from helpers import tiny_model
-from numerics import assert_close_to_scale
 from t5like.inference import generation as gen
 from t5like.inference import steps
 from t5like.inference.sampling import SamplingConfig, sample
@@ -22,7 +21,6 @@ from t5like.ops.xla_cpu import XlaCpu
 
 pytestmark = pytest.mark.backends("cpu")  # XLA:CPU kernels (conftest.py).
 
-EPS32 = float(np.finfo(np.float32).eps)
 
 
 def _calls(fn, *args, name: str) -> int:

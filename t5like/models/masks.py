@@ -20,8 +20,9 @@ SELF_KINDS = ("causal", "prefix", "bidirectional")
 
 
 class MaskSpec(NamedTuple):
-  """What a mask is made of, for the fused kernels (``attention_kernels.py``) that never build
-  the ``[batch, heads, q, kv]`` array; ``materialize`` gives the array the ``xla`` path uses."""
+  """What a mask is made of, for the fused kernels (``t5like/ops/fused_attention.py``) that
+  never build the ``[batch, heads, q, kv]`` array; ``materialize`` gives the array the
+  ``xla`` path uses."""
   q_segment_ids_bq: jax.Array  # [batch, q_len] packed segment ids (0 = padding).
   kv_segment_ids_bk: jax.Array  # [batch, kv_len].
   kind: str  # "causal", "prefix", "bidirectional" (self-attention) or "cross".

@@ -31,6 +31,7 @@ import os
 
 import jax
 
+from t5like.kernels.attention_train import RESIDUALS
 from t5like.ops.reference import Reference, Rotary
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ BACKENDS = ("reference", "xla", "xla_cpu", "cpu_kernels")
 ENV_OPS = "T5LIKE_OPS"
 ENV_CPU_KERNELS = "T5LIKE_CPU_KERNELS"
 # Activations the kernels' forward names for a remat policy to keep (``models.stack``).
-SAVED_NAMES = ("attention_core",)
+SAVED_NAMES = (RESIDUALS,)
 
 
 def _platform_and_devices(mesh) -> tuple[str, int]:

@@ -19,10 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from t5like.kernels import argmax, attention_train, cache_attention, head_norm
-from t5like.ops import SAVED_NAMES, reference
+from t5like.ops.reference import dot_product_attention
 from t5like.ops.xla_cpu import XlaCpu
-
-assert attention_train.RESIDUALS in SAVED_NAMES  # What a remat policy may keep of the kernel.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +48,7 @@ class CpuKernels(XlaCpu):
 
 @jax.custom_vjp
 def _few_rows(q_bthk, k_bsgk, v_bsgk, mask_bhts):
-  """``reference.dot_product_attention`` on ``cache_attention`` (float32, no dropout): heads-
+  """``dot_product_attention`` (the reference form) on ``cache_attention`` (float32, no dropout): heads-
   major, a kv group's query heads stacked along the query rows."""
   b, t, h, d = q_bthk.shape
   g = k_bsgk.shape[2]
@@ -72,7 +70,7 @@ def _few_rows_fwd(q, k, v, mask):
 
 def _few_rows_bwd(res, g):
   q, k, v, mask = res
-  _, vjp = jax.vjp(functools.partial(reference.dot_product_attention, mask_bhts=mask), q, k, v)
+  _, vjp = jax.vjp(functools.partial(dot_product_attention, mask_bhts=mask), q, k, v)
   return (*vjp(g), None)
 
 

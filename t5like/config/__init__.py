@@ -31,11 +31,20 @@ class Config:
   def validate(self) -> "Config":
     for f in dataclasses.fields(self):
       getattr(self, f.name).validate()
-    if self.model.attention_impl == "cudnn" and self.data.pack:
-      raise ConfigError("model.attention_impl='cudnn' cannot isolate packed examples (its API "
-                        "takes sequence lengths, not segment ids): set data.pack=False, or use "
-                        "model.attention_impl='xla' (GPU) or 'splash' (TPU)")
+    if self.model.attention_impl == "cudnn":
+      self._resolve_cudnn_segments()
     return self
+
+  def _resolve_cudnn_segments(self) -> None:
+    """cuDNN's plain call serves one example per row; packed rows take its packed layout."""
+    m = self.model
+    if m.max_segments_per_row == 0 and not self.data.pack:
+      m.max_segments_per_row = 1  # One segment per row: the plain cuDNN call.
+    elif m.max_segments_per_row == 1 and self.data.pack:
+      raise ConfigError("model.max_segments_per_row=1 (one example per row, the plain cuDNN "
+                        "call) cannot isolate data.pack=True's packed examples: set "
+                        "model.max_segments_per_row=0 (auto) or the most segments a row holds, "
+                        "or data.pack=False")
 
 
 def load_config(path: str, overrides: Iterable[str] = ()) -> Config:

@@ -56,7 +56,13 @@ class ModelConfig:
   #   with "dots_no_batch" than "none", often faster (docs/performance.md).
   attention_impl: str = "xla"  # Training-time attention: "xla" (any device; builds the
   #   [batch, heads, q, kv] mask), "splash" (TPU Pallas kernel, block-sparse masks + segment ids;
-  #   interpret mode on CPU) or "cudnn" (GPU fused kernel; unpacked rows, causal/full masks only).
+  #   interpret mode on CPU) or "cudnn" (NVIDIA GPU fused kernel; causal/full masks, packed rows
+  #   through cuDNN's packed layout on Hopper or newer; docs/gpus.md).
+  max_segments_per_row: int = 0  # attention_impl="cudnn": the static number of packed segments
+  #   a row may hold (cuDNN's packed layout takes per-segment offsets for that many slots; each
+  #   slot adds saved softmax statistics). 1 = one example per row, the plain cuDNN call (Hopper
+  #   not needed). 0 = auto: 1 with data.pack=False (set by Config.validate), else length // 32
+  #   (2048 -> 64). A batch with more segments in a row is a clear error, never dropped.
   ops: str = "auto"  # Who computes the model's operations (t5like/ops, same values): "auto"
   #   (CPU: "cpu_kernels" on one device where the C++ kernels are built, else "xla_cpu";
   #   TPU/GPU: "xla"), "reference" (the plain einsum / jax.nn forms), "xla", "xla_cpu" or
@@ -81,6 +87,7 @@ class ModelConfig:
     for name in ("vocab_size", "d_model", "num_heads", "head_dim", "d_ff"):
       check_positive(f"model.{name}", getattr(self, name))
     check_positive("model.num_kv_heads", self.num_kv_heads, allow_zero=True)
+    check_positive("model.max_segments_per_row", self.max_segments_per_row, allow_zero=True)
     check_positive("model.norm_eps", self.norm_eps)
     check_positive("model.rope_max_wavelength", self.rope_max_wavelength)
     if self.head_dim % 2:
@@ -130,10 +137,10 @@ class ModelConfig:
       raise ConfigError("model.attention_impl='cudnn' expresses causal and full attention only "
                         "(no prefix or mixed forward/backward masks); use 'xla' (GPU) or "
                         "'splash' (TPU)")
-    if impl == "cudnn" and self.dtype != "bfloat16":  # cuDNN's fused attention: fp16/bf16/fp8.
-      raise ConfigError(f"model.attention_impl='cudnn' needs model.dtype='bfloat16' (cuDNN's "
-                        f"fused attention takes no {self.dtype} inputs); got model.dtype="
-                        f"{self.dtype!r}. Use model.attention_impl='xla' for float32")
+    if impl == "cudnn" and self.dtype not in ("bfloat16", "float16"):  # cuDNN: fp16/bf16/fp8.
+      raise ConfigError(f"model.attention_impl='cudnn' needs model.dtype='bfloat16' or "
+                        f"'float16' (cuDNN's fused attention takes no {self.dtype} inputs); got "
+                        f"model.dtype={self.dtype!r}. Use model.attention_impl='xla' for float32")
     if impl == "cudnn" and (self.head_dim % 8 or self.head_dim > 256):
       raise ConfigError("model.attention_impl='cudnn' needs model.head_dim a multiple of 8 and "
                         f"<= 256 (<= 128 before Hopper); got {self.head_dim}")

@@ -83,7 +83,7 @@ def _log_choice(chosen: str, ops: str, attention_impl: str) -> None:
 
 
 @functools.cache
-def _backend(name: str, attention_impl: str) -> Reference:
+def _backend(name: str, attention_impl: str, max_segments_per_row: int) -> Reference:
   if name == "reference":
     cls = Reference
   elif name == "xla":
@@ -94,14 +94,14 @@ def _backend(name: str, attention_impl: str) -> Reference:
     from t5like.ops.cpu_kernels import CpuKernels as cls
   else:
     raise ValueError(f"model.ops={name!r} is not resolved (ops.resolve) to one of {BACKENDS}")
-  return cls(attention_impl)
+  return cls(attention_impl, max_segments_per_row)
 
 
 def backend(cfg) -> Reference:
   """The backend of a ModelConfig: a look-up where ``resolve`` made ``cfg.ops`` concrete (the
   models do, where they are built), else ``choose`` on this process's default backend."""
   name = cfg.ops if cfg.ops in BACKENDS else choose(cfg.ops)
-  return _backend(name, cfg.attention_impl)
+  return _backend(name, cfg.attention_impl, cfg.max_segments_per_row)
 
 
 __all__ = ["BACKENDS", "Reference", "Rotary", "SAVED_NAMES", "backend", "choose", "resolve"]

@@ -11,9 +11,10 @@ backend's ``attention`` sends a MaskSpec here (``reference.Reference.attention``
   ``[causal | strictly above the diagonal]`` over ``[k; k]``, the second copy's segment ids
   kept only on prefix keys. A query then sees a later key only if that key is in its segment's
   prefix, which (a segment's prefix comes first) makes the query a prefix token too.
-- ``cudnn`` (NVIDIA GPUs): ``jax.nn.dot_product_attention(implementation="cudnn")`` for what its
-  API expresses without a mask array: causal or full attention over one example per row, padding
-  given as sequence lengths. Packed rows (several segments) and prefix or mixed masks are
+- ``cudnn`` (NVIDIA GPUs): causal or full attention without a mask array. One example per row
+  (``model.max_segments_per_row=1``): ``jax.nn.dot_product_attention(implementation="cudnn")``,
+  padding given as sequence lengths. Packed rows: cuDNN's packed layout, segment ids turned into
+  per-segment lengths and offsets (``cudnn_packed``; Hopper or newer). Prefix or mixed masks are
   rejected with an error naming the working alternative.
 
 Both are called per shard through ``partitioning.shard_map_logical``: XLA cannot partition a
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5like import partitioning
+from t5like.ops import cudnn_packed
 
 MaskSpec = Any  # models.masks.MaskSpec (models call ops, not the other way round).
 
@@ -46,12 +48,13 @@ def platform() -> str:
 
 
 def attend(impl: str, q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
-           spec: MaskSpec) -> jax.Array:
+           spec: MaskSpec, *, max_segments_per_row: int = 1) -> jax.Array:
   """The core of ``model.attention_impl`` (``splash`` or ``cudnn``) under ``spec``."""
   if impl == "splash":
     return splash_attention(q_bthk, k_bsgk, v_bsgk, spec)
   if impl == "cudnn":
-    return cudnn_attention(q_bthk, k_bsgk, v_bsgk, spec)
+    return cudnn_attention(q_bthk, k_bsgk, v_bsgk, spec,
+                           max_segments_per_row=max_segments_per_row)
   raise ValueError(f"a MaskSpec mask needs model.attention_impl 'splash' or 'cudnn', not {impl!r}")
 
 
@@ -153,19 +156,31 @@ def splash_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
 
 
 def cudnn_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array, spec: MaskSpec, *,
+                    max_segments_per_row: int = 1,
                     implementation: str | None = "cudnn") -> jax.Array:
-  """``jax.nn.dot_product_attention`` with causal / full attention and padding as lengths.
+  """cuDNN's fused attention with causal / full masks; packed rows through its packed layout.
 
+  ``max_segments_per_row``: 1 = one example per row (``jax.nn.dot_product_attention`` with
+  padding as lengths); else the packed layout's slots (0 = auto, ``cudnn_packed``).
   ``implementation="xla"`` runs XLA's version of the same call (how the CPU tests check the
-  translation of the spec); rows must hold one example (segment 1, then padding 0).
+  translation of the spec). A row that breaks its layout (several segments where one is
+  expected, more than the slots) gives NaN: the host check (``cudnn_packed.check_batch``) names
+  the problem first.
   """
   if spec.kind == "prefix" or (spec.mixed != "none" and spec.kind != "causal"):
     raise ValueError("attention_impl='cudnn' expresses causal and full attention only; the "
                      f"{spec.kind} mask with mixed={spec.mixed!r} needs model.attention_impl='xla'")
+  if max_segments_per_row != 1:
+    return cudnn_packed.packed_attention(
+        q_bthk, k_bsgk, v_bsgk, spec.q_segment_ids_bq, spec.kv_segment_ids_bk,
+        causal=spec.kind == "causal", configured_segments=max_segments_per_row,
+        implementation=implementation or "cudnn")
   q_len = jnp.sum(spec.q_segment_ids_bq > 0, axis=1).astype(jnp.int32)
   kv_len = jnp.sum(spec.kv_segment_ids_bk > 0, axis=1).astype(jnp.int32)
   out = jax.nn.dot_product_attention(
       q_bthk, k_bsgk, v_bsgk, is_causal=spec.kind == "causal", query_seq_lengths=q_len,
       key_value_seq_lengths=kv_len, implementation=implementation)
-  return jnp.where((spec.q_segment_ids_bq > 0)[:, :, None, None], out, 0).astype(q_bthk.dtype)
-
+  out = jnp.where((spec.q_segment_ids_bq > 0)[:, :, None, None], out, 0)
+  packed = ((jnp.max(spec.q_segment_ids_bq, axis=1) > 1)
+            | (jnp.max(spec.kv_segment_ids_bk, axis=1) > 1))  # Not one example per row.
+  return jnp.where(packed[:, None, None, None], jnp.nan, out).astype(q_bthk.dtype)

@@ -104,6 +104,7 @@ class Reference:
   """The operations in their reference forms. A backend subclasses this and overrides the
   operations it computes differently (same values; ``docs/architecture.md`` "Ops")."""
   attention_impl: str = "xla"  # model.attention_impl: the core for a ``MaskSpec`` mask.
+  max_segments_per_row: int = 1  # model.max_segments_per_row: cuDNN's packed-layout slots.
   name = "reference"
 
   def dense(self, x: jax.Array, w: jax.Array, n_contract: int = 1) -> jax.Array:
@@ -139,7 +140,8 @@ class Reference:
     the mask allows no key after its query (a backend may skip those keys)."""
     if not isinstance(mask, jax.Array):  # A MaskSpec: the fused kernel never builds the mask.
       from t5like.ops import fused_attention
-      return fused_attention.attend(self.attention_impl, q_bthk, k_bsgk, v_bsgk, mask)
+      return fused_attention.attend(self.attention_impl, q_bthk, k_bsgk, v_bsgk, mask,
+                                    max_segments_per_row=self.max_segments_per_row)
     return self.attention_core(q_bthk, k_bsgk, v_bsgk, mask, causal, dropout_rate, rng)
 
   def attention_core(self, q_bthk, k_bsgk, v_bsgk, mask_bhts, causal, dropout_rate, rng):

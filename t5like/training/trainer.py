@@ -15,6 +15,7 @@ from etils import epath
 
 from t5like.config import Config, ConfigError, to_dict
 from t5like.errors import UserError
+from t5like.ops import cudnn_packed
 from t5like.training.held_out import held_out_metrics, pad_rows
 from t5like.training import aot, checkpointing
 from t5like.training import data as data_lib
@@ -108,7 +109,7 @@ class Trainer:
       return {}
     rows, pid, nproc = self.eval_rows // self.nproc, self.pid, self.nproc
     to_global = lambda b: data_lib.global_batch(  # noqa: E731
-        pad_rows(b, rows), self.setup.batch_sharding, self.eval_rows)
+        pad_rows(self._checked(b), rows), self.setup.batch_sharding, self.eval_rows)
     if hasattr(self.data, "eval_parts"):  # A mixture: every part, combined by rate.
       out = held_out.evaluate_parts(self._eval_step, self.state.params,
                                     self.data.eval_parts(rows, pid, nproc, cfg.train.eval_steps),
@@ -150,7 +151,8 @@ class Trainer:
     except StopIteration:
       raise ConfigError(f"the training data ran out at step {step}; the training iterator "
                         "must repeat (data pipeline with repeat=True)") from None
-    batch = data_lib.global_batch(local, self.setup.batch_sharding, self.cfg.train.batch_size)
+    batch = data_lib.global_batch(self._checked(local), self.setup.batch_sharding,
+                                  self.cfg.train.batch_size)
     if not self.flops_per_step:
       dec_len, enc_len = flops_lib.batch_lengths(batch)
       self.flops_per_step = flops_lib.train_flops(self.cfg.model, self.cfg.train.batch_size,
@@ -161,6 +163,13 @@ class Trainer:
                                                 self._train_step.lower(self.state, batch))
     self.state, metrics = self._compiled_step(self.state, batch)
     return metrics
+
+  def _checked(self, local: dict) -> dict:
+    """The host's batch, refused with a clear error where cuDNN's packed layout cannot hold it
+    (more segments in a row than model.max_segments_per_row)."""
+    if self.cfg.model.attention_impl == "cudnn":
+      cudnn_packed.check_batch(self.cfg.model.max_segments_per_row, local)
+    return local
 
   def _consume(self, step: int, metrics) -> None:
     """Host side of a finished step: non-finite guard, logging, progress bar."""

@@ -163,13 +163,14 @@ def test_unsupported_kernel_settings_are_config_errors(overrides, message):
     tiny_cfg("decllm", **overrides)
 
 
-def test_cudnn_with_packing_is_a_config_error():
+def test_cudnn_with_packing_takes_the_packed_layout():
+  """Packed data with cuDNN validates (cuDNN's packed layout, tests/models/test_cudnn_packed.py);
+  unpacked data takes the plain call (one slot per row)."""
   cfg = Config()
   cfg.model.attention_impl = "cudnn"
-  with pytest.raises(ConfigError, match="data.pack=False"):
-    cfg.validate()
+  assert cfg.validate().model.max_segments_per_row == 0
   cfg.data.pack = False
-  cfg.validate()
+  assert cfg.validate().model.max_segments_per_row == 1
 
 
 MESH_SCRIPT = r"""

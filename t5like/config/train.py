@@ -68,6 +68,9 @@ class TrainConfig:
   peak_flops_per_device: float = 0.0  # Peak FLOP/s of one device for MFU; 0 = look it up from the
   #   device kind (TPU/GPU tables; CPU: a matmul probe once per process, shared by its devices).
   progress_bar: bool = True  # Console progress bar with ETA (process 0 only).
+  profile_steps: str = ""  # "START:STOP": a jax.profiler trace of the steps that take the state
+  #   from step START to step STOP, written under <workdir>/profile (TensorBoard's profile tab;
+  #   Perfetto). "" = off. E.g. "10:13" traces three steps after compilation and warm-up.
 
   def validate(self) -> "TrainConfig":
     check_choice("train.schedule", self.schedule, SCHEDULES)
@@ -88,6 +91,7 @@ class TrainConfig:
     check_positive("train.eval_batch_size", self.eval_batch_size, allow_zero=True)
     check_positive("train.max_nonfinite_steps", self.max_nonfinite_steps)
     check_positive("train.peak_flops_per_device", self.peak_flops_per_device, allow_zero=True)
+    self.profile_window()
     if not 0.0 < self.adafactor_decay_rate <= 1.0:
       raise ConfigError(
           f"train.adafactor_decay_rate must be in (0, 1], got {self.adafactor_decay_rate}")
@@ -99,6 +103,20 @@ class TrainConfig:
           f"train.batch_size={self.batch_size} is not divisible by train.microbatches="
           f"{self.microbatches}; pick a number of microbatches that divides the batch")
     return self
+
+  def profile_window(self) -> tuple[int, int] | None:
+    """``profile_steps`` as (START, STOP), None when off; a malformed window is a ConfigError."""
+    if not self.profile_steps:
+      return None
+    try:
+      start_s, stop_s = self.profile_steps.split(":")
+      start, stop = int(start_s), int(stop_s)
+    except ValueError:
+      raise ConfigError(f"train.profile_steps={self.profile_steps!r} is not START:STOP (e.g. "
+                        "'10:13' traces the steps from step 10 to step 13); '' is off") from None
+    if not 0 <= start < stop:
+      raise ConfigError(f"train.profile_steps={self.profile_steps!r}: need 0 <= START < STOP")
+    return start, stop
 
 
 @dataclasses.dataclass

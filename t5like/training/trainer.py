@@ -22,6 +22,7 @@ from t5like.training import data as data_lib
 from t5like.training import held_out
 from t5like.training import flops as flops_lib
 from t5like.training import optimizer as opt_lib
+from t5like.training import profile as profile_lib
 from t5like.training import state as state_lib
 from t5like.training import step as step_lib
 from t5like.training.metrics import IntervalStats, MetricsWriter
@@ -211,10 +212,13 @@ class Trainer:
     self.writer = MetricsWriter(self.workdir, total_steps=total, start_step=start,
                                 progress_bar=cfg.train.progress_bar)
     pending, preempted = None, False
+    profiler = profile_lib.StepProfiler(cfg.train, self.workdir)
     try:
       while step < total:
+        profiler.before_step(step)
         metrics = self.step(step)
         step += 1
+        profiler.after_step(step, metrics)
         if pending is not None:
           self._consume(*pending)  # Step s-1's metrics, fetched once step s is dispatched.
         else:
@@ -245,6 +249,7 @@ class Trainer:
           self.save(final_step)
       self.ckpt.wait()
     finally:
+      profiler.stop()
       self.writer.close()
     return self._result(final_step, preempted)
 

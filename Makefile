@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow test-aot test-gpu tpu-table bench clean
+.PHONY: install demo test test-slow test-aot test-gpu bench-gpu tpu-table bench clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard t5like/kernels/*.cc t5like/kernels/*.h)  # Kernels: built at install.
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,6 +63,11 @@ $(eval $(call extra_venv,$(GPU_VENV),gpu))
 
 test-gpu: $(GPU_STAMP)
 	$(GPU_PY) -m pytest -q -p no:cacheprovider -m gpu $(PYTEST_ARGS)
+
+# DecLLM / RedLLM at the paper's 1B widths on one GPU: MFU, tokens/s, memory, packed and not, the
+# PyTorch peer when torch + transformers are installed there, decode vs the HBM floor (< 8 min).
+bench-gpu: $(GPU_STAMP)
+	$(GPU_PY) benchmarks/gpu_train.py $(BENCH_ARGS)
 
 # The paper table of docs/pods.md: every paper config compiled for v5p-128 and v5e-256 (a few
 # hours on 2 cores; resumes from runs/tpu_table.json).

@@ -1,0 +1,421 @@
+#!/usr/bin/env python
+"""DecLLM and RedLLM at the paper's 1B widths on one GPU: train-step MFU, tokens/s and memory,
+packed and unpacked, against transformers' Llama on PyTorch in the same run; greedy decode
+against the HBM-bandwidth floor (``make bench-gpu``; < 8 minutes on one H100 / H200).
+
+  python benchmarks/gpu_train.py [--steps 5] [--layers 0] [--budget_s 420] [--no_peer]
+                                 [--no_decode] [--profile_dir DIR] [--json out.json] [--smoke]
+
+Models: ``paper_model(family, "1b")`` (d2048, 16 x 128 heads, SwiGLU 8192, vocab 32768, tied;
+DecLLM 16 layers, RedLLM 7 + 7), bf16 compute with f32 parameters and Adafactor (the paper's
+optimizer), ``attention_impl="cudnn"``; DecLLM rows of 2048 tokens, RedLLM 1024 + 1024;
+``--layers N`` keeps N layers (RedLLM N + N) where memory demands and says so in every row.
+For each family a small search (remat ``none`` / ``dots`` / ``full``, then two microbatches
+where one does not fit) picks the fastest setting on unpacked rows; the packed rows (documents
+of ~512 tokens packed with segment ids: cuDNN's packed layout) and, for DecLLM, the same packed
+rows on the ``xla`` attention (what packed training ran before) use it.
+
+Counting (docs/flops.md, ``flops.train_flops``): every position of a row counts as a token, MFU
+is model FLOPs per second over the card's dense bf16 peak (``flops.peak_flops_per_device``: H100
+and H200 989 TFLOP/s). Memory is the compiled step's peak per device (arguments + temporaries).
+Step time: the median of ``--steps`` steps after one warm-up step.
+
+The peer: ``transformers.LlamaForCausalLM`` of the DecLLM shapes (tied embeddings, same batch and
+length), bf16 weights, AdamW (fused), PyTorch's SDPA (flash) attention; only when torch and
+transformers are installed (never a dependency of this project).
+
+Decode: batch 1 and 8, 128-token prompts, greedy; the per-token step time is the difference of
+two generation lengths (prefill and compilation cancel). Its floor: bytes of the weights read per
+step (RedLLM: not the encoder's) plus the KV cache at the mean context, over the card's HBM
+bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB/s).
+
+``--profile_dir``: a ``jax.profiler`` trace of two steps of the fastest DecLLM setting, and the
+step's GPU time split into products, attention, collectives and the rest (by kernel name).
+``--smoke``: a tiny shape that runs anywhere (CPU: ``xla`` attention, float32), for the tests.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+import os
+import re
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from t5like import partitioning  # noqa: E402
+from t5like.config import Config, ConfigError, paper_model  # noqa: E402
+from t5like.models import cudnn_packed  # noqa: E402
+from t5like.training import aot, flops  # noqa: E402
+from t5like.training import state as state_lib  # noqa: E402
+from t5like.training import step as step_lib  # noqa: E402
+from t5like.training.data import SyntheticData, global_batch  # noqa: E402
+
+GiB = 1024 ** 3
+# HBM bandwidth per device, bytes/s (first match of the lower-cased device kind).
+HBM_BANDWIDTH = (("h200", 4.8e12), ("h100 pcie", 2.0e12), ("h100", 3.35e12), ("a100", 2.0e12),
+                 ("l4", 0.3e12))
+REMAT_SEARCH = ("none", "dots", "full")
+DOCS_PER_ROW = 4  # Mean documents per packed row (~512 tokens each at 2048).
+
+
+def hbm_bandwidth(device_kind: str) -> float:
+  kind = device_kind.lower()
+  return next((bw for key, bw in HBM_BANDWIDTH if key in kind), 0.0)
+
+
+@dataclasses.dataclass
+class Shape:
+  """What a row trains: the model's layers and the batch (rows x lengths)."""
+  layers: int = 0  # 0 = the paper's (DecLLM 16, RedLLM 7 + 7).
+  batch: int = 8
+  length: int = 2048  # DecLLM row; RedLLM: length // 2 input + length // 2 target.
+  dtype: str = "bfloat16"
+  attention: str = "cudnn"
+  d_model: int = 0  # 0 = the paper's 1B widths; --smoke shrinks them.
+
+
+def make_config(family: str, shape: Shape, remat: str, microbatches: int,
+                packed: bool) -> Config:
+  cfg = Config()
+  m = paper_model(family, "1b")
+  if shape.d_model:  # Smoke: small widths, the same structure.
+    m = dataclasses.replace(m, d_model=shape.d_model, num_heads=4, head_dim=16,
+                            d_ff=4 * shape.d_model, vocab_size=512)
+  if shape.layers:
+    m = dataclasses.replace(m, num_layers=shape.layers, num_encoder_layers=shape.layers,
+                            num_decoder_layers=shape.layers)
+  cfg.model = dataclasses.replace(m, dtype=shape.dtype, attention_impl=shape.attention,
+                                  remat_policy=remat, max_segments_per_row=0 if packed else 1)
+  cfg.data.sequence_length = shape.length
+  cfg.data.inputs_length = cfg.data.targets_length = shape.length // 2
+  cfg.data.pack = packed
+  cfg.train.batch_size, cfg.train.microbatches = shape.batch, microbatches
+  cfg.train.steps, cfg.train.warmup_steps = 1000, 10
+  return cfg.validate()
+
+
+def _segments(rng: np.random.Generator, length: int, count: int) -> np.ndarray:
+  """Segment ids 1..count over ``length`` positions, cut at random points (each >= 1 token)."""
+  cuts = np.sort(rng.choice(np.arange(1, length), size=count - 1, replace=False))
+  ids = np.zeros(length, np.int32)
+  ids[cuts] = 1
+  return np.cumsum(ids).astype(np.int32) + 1
+
+
+def _positions(ids: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+  """Position within each segment (+ ``start[segment]``: RedLLM's continuous positions)."""
+  first = np.searchsorted(ids, ids)  # ids are sorted: index of each segment's first token.
+  pos = np.arange(ids.size) - first
+  return (pos + (start[ids - 1] if start is not None else 0)).astype(np.int32)
+
+
+def pack_rows(batch: dict, family: str, seed: int = 0, docs: float = DOCS_PER_ROW) -> dict:
+  """The synthetic rows cut into ~``docs`` documents each (Poisson; every position used, as
+  seqio fills a row): segment ids 1..n and positions restarting per document. RedLLM: the same
+  n documents split both the input and the target row."""
+  rng = np.random.default_rng(seed)
+  out = {k: np.array(v) for k, v in batch.items()}
+  red = family == "redllm"
+  for r in range(out["decoder_segment_ids"].shape[0]):
+    n = max(1, int(rng.poisson(docs)))
+    dec = _segments(rng, out["decoder_segment_ids"].shape[1], n)
+    out["decoder_segment_ids"][r] = dec
+    if red:
+      enc = _segments(rng, out["encoder_segment_ids"].shape[1], n)
+      out["encoder_segment_ids"][r] = enc
+      out["encoder_positions"][r] = _positions(enc)
+      out["decoder_positions"][r] = _positions(dec, np.bincount(enc)[1:])
+    else:
+      out["decoder_positions"][r] = _positions(dec)
+      out["decoder_input_tokens"][r][np.searchsorted(dec, dec) == np.arange(dec.size)] = 0  # BOS.
+  return out
+
+
+def train_numbers(cfg: Config, step_s: float, peak: float, dec_len: int, enc_len: int) -> dict:
+  """Model FLOPs (docs/flops.md), tokens/s (every position) and MFU of one step."""
+  b = cfg.train.batch_size
+  f = flops.train_flops(cfg.model, b, dec_len, enc_len)
+  return {"flops": f, "tokens_s": b * (dec_len + enc_len) / step_s,
+          "tflops_s": f / step_s / 1e12, "mfu": f / step_s / peak if peak else float("nan")}
+
+
+def _timed(step, steps: int) -> float:
+  step()  # Warm-up.
+  times = []
+  for _ in range(steps):
+    t = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t)
+  return statistics.median(times)
+
+
+def train_row(name: str, cfg: Config, steps: int, packed: bool, peak: float,
+              profile_dir: str = "") -> dict:
+  """Compiles (memory checked: a step that cannot fit is a ConfigError) and times ``cfg``."""
+  setup = state_lib.build_setup(cfg, partitioning.make_mesh(cfg.mesh))
+  local = next(SyntheticData(cfg).train(cfg.train.batch_size, 0, 1))
+  if packed:
+    local = pack_rows(local, cfg.model.family)
+    if cfg.model.attention_impl == "cudnn":
+      cudnn_packed.check_batch(cfg.model.max_segments_per_row, local)
+  batch = global_batch(local, setup.batch_sharding, cfg.train.batch_size)
+  t0 = time.perf_counter()
+  train_step = step_lib.make_train_step(setup)
+  compiled = aot.compile_checked(cfg, setup, train_step.lower(setup.abstract_state, batch))
+  compile_s = time.perf_counter() - t0
+  held = {"state": state_lib.init_state(setup)}
+
+  def step():
+    held["state"], metrics = compiled(held["state"], batch)
+    jax.block_until_ready(metrics)
+  step_s = _timed(step, steps)
+  if profile_dir:
+    jax.profiler.start_trace(profile_dir)
+    for _ in range(2):
+      step()
+    jax.profiler.stop_trace()
+  dec, enc = flops.batch_lengths(batch)
+  m = cfg.model
+  return {"row": name, "family": m.family, "layers": m.num_layers if m.family == "decllm" else
+          f"{m.num_encoder_layers}+{m.num_decoder_layers}", "params_m": setup.num_params / 1e6,
+          "attention": m.attention_impl, "packed": packed, "remat": m.remat_policy,
+          "micro": cfg.train.microbatches, "shape": f"{cfg.train.batch_size}x" + (
+              f"{enc}+{dec}" if enc else f"{dec}"), "step_ms": step_s * 1e3,
+          "peak_gib": aot.memory_per_device(compiled)["peak"] / GiB, "compile_s": compile_s,
+          **train_numbers(cfg, step_s, peak, dec, enc)}
+
+
+def search(family: str, shape: Shape, steps: int, peak: float, deadline: float,
+           remats=REMAT_SEARCH) -> list[dict]:
+  """Unpacked rows over remat policies (two microbatches where one does not fit); stops early
+  past ``deadline`` once one setting ran."""
+  rows = []
+  for remat in remats:
+    if rows and time.time() > deadline:
+      print(f"  (budget spent: remat {remat} not tried)", flush=True)
+      break
+    for micro in (1, 2):
+      try:
+        rows.append(train_row(f"{family} remat={remat} micro={micro}",
+                              make_config(family, shape, remat, micro, False), steps, False,
+                              peak))
+        print(_format(rows[-1]), flush=True)
+        break
+      except ConfigError as e:  # Does not fit: try two microbatches, then the next policy.
+        print(f"  {family} remat={remat} micro={micro}: does not fit ({str(e)[:120]}...)",
+              flush=True)
+  return rows
+
+
+def peer_row(shape: Shape, steps: int, peak: float) -> dict | None:
+  """transformers' Llama of the DecLLM shapes, bf16, AdamW, SDPA; None without torch."""
+  try:
+    import torch
+    import transformers
+  except ImportError:
+    return None
+  m = make_config("decllm", shape, "none", 1, False).model
+  b, s = shape.batch, shape.length
+  torch.manual_seed(0)
+  config = transformers.LlamaConfig(
+      vocab_size=m.vocab_size, hidden_size=m.d_model, intermediate_size=m.d_ff,
+      num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
+      num_key_value_heads=m.kv_heads, head_dim=m.head_dim, max_position_embeddings=s,
+      tie_word_embeddings=True, attn_implementation="sdpa")
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).to(device).train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+  ids = torch.randint(2, m.vocab_size, (b, s), device=device)
+
+  def step():
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if device == "cuda":
+      torch.cuda.synchronize()
+  if device == "cuda":
+    torch.cuda.reset_peak_memory_stats()
+  step_s = _timed(step, steps)
+  mem = torch.cuda.max_memory_allocated() / GiB if device == "cuda" else float("nan")
+  f = flops.train_flops(m, b, s, 0)
+  return {"row": "peer: transformers Llama, PyTorch SDPA, AdamW, bf16", "family": "decllm",
+          "layers": m.num_layers, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+          "attention": "sdpa", "packed": False, "remat": "none", "micro": 1,
+          "shape": f"{b}x{s}", "step_ms": step_s * 1e3, "peak_gib": mem, "compile_s": 0.0,
+          "flops": f, "tokens_s": b * s / step_s, "tflops_s": f / step_s / 1e12,
+          "mfu": f / step_s / peak if peak else float("nan")}
+
+
+def decode_floor_bytes(cfg, params: dict, batch: int, context: float, encoder_length: int = 0
+                       ) -> float:
+  """Bytes one greedy decode step reads: the weights it uses (RedLLM: not the encoder's) and
+  the KV cache: ``context`` cached tokens of the decoder's own (mean over the timed steps) in
+  every self-attention layer, RedLLM's ``encoder_length`` encoder keys and values in every
+  cross-attention."""
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  weights = sum(x.size * x.dtype.itemsize for path, x in leaves
+                if not jax.tree_util.keystr(path).startswith("['encoder"))
+  kv = 2 * cfg.kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize * batch
+  if cfg.family == "decllm":
+    return float(weights + cfg.num_layers * kv * context)
+  return float(weights + cfg.num_decoder_layers * kv * (context + encoder_length))
+
+
+def decode_rows(family: str, shape: Shape, bandwidth: float, batches=(1, 8), prompt: int = 128,
+                news=(16, 80)) -> list[dict]:
+  from flax import nnx
+
+  from t5like.inference import generation as gen
+  from t5like.models import build_model
+  cfg = dataclasses.replace(make_config(family, shape, "none", 1, False).model,
+                            attention_impl="xla")
+  model = build_model(cfg, nnx.Rngs(0))
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  generator = gen.Generator(model)
+  rng = np.random.default_rng(0)
+  rows = []
+  for b in batches:
+    prompts = [rng.integers(2, cfg.vocab_size, size=prompt).tolist() for _ in range(b)]
+    t = {n: _timed(lambda n=n: generator(prompts, max_new_tokens=n, eos_id=-1), 2)
+         for n in news}
+    step_s = (t[news[1]] - t[news[0]]) / (news[1] - news[0])
+    mean_new = (news[0] + news[1]) / 2  # Mean decoder tokens cached over the timed steps.
+    context, enc = (prompt + mean_new, 0) if family == "decllm" else (mean_new, prompt)
+    floor_s = decode_floor_bytes(cfg, params, b, context, enc) / bandwidth if bandwidth else 0
+    rows.append({"row": f"{family} decode batch {b}", "step_ms": step_s * 1e3,
+                 "floor_ms": floor_s * 1e3, "of_floor": floor_s / step_s if floor_s else
+                 float("nan"), "tokens_s": b / step_s})
+    print(f"  {rows[-1]}", flush=True)
+  return rows
+
+
+# Kernel names -> what they do (GPU traces: cuBLAS / CUTLASS products, cuDNN / flash attention,
+# NCCL collectives); the first matching class wins.
+KERNEL_CLASSES = (
+    ("attention", re.compile(r"fmha|flash|cudnn|attention|sdpa", re.I)),
+    ("collectives", re.compile(r"nccl|all.?reduce|all.?gather|reduce.?scatter|collective", re.I)),
+    ("products", re.compile(r"gemm|nvjet|xmma|cublas|cutlass|matmul|dot", re.I)),
+)
+
+
+def time_split(events: list[dict]) -> dict[str, float]:
+  """Milliseconds of GPU kernel time by class, from a Chrome/Perfetto trace's events: complete
+  events on the threads of processes named like a GPU; where those have stream threads (the
+  kernels), only those (the "XLA Ops" / "XLA Modules" lines repeat the same time)."""
+  meta = [e for e in events if e.get("ph") == "M"]
+  gpu_pids = {e["pid"] for e in meta if e.get("name") == "process_name"
+              and "gpu" in str(e.get("args", {}).get("name", "")).lower()}
+  streams = {(e["pid"], e.get("tid")) for e in meta if e.get("name") == "thread_name"
+             and e["pid"] in gpu_pids and "stream" in str(e.get("args", {}).get("name")).lower()}
+  out = {"products": 0.0, "attention": 0.0, "collectives": 0.0, "other": 0.0}
+  for e in events:
+    if e.get("ph") != "X" or e.get("pid") not in gpu_pids:
+      continue
+    if streams and (e["pid"], e.get("tid")) not in streams:
+      continue
+    cls = next((c for c, rx in KERNEL_CLASSES if rx.search(e.get("name", ""))), "other")
+    out[cls] += float(e.get("dur", 0.0)) / 1e3
+  return out
+
+
+def trace_split(profile_dir: str) -> dict[str, float]:
+  paths = sorted(p for p in _walk(profile_dir) if p.endswith(".trace.json.gz"))
+  if not paths:
+    return {}
+  with gzip.open(paths[-1], "rt") as f:
+    return time_split(json.load(f).get("traceEvents", []))
+
+
+def _walk(root: str):
+  for d, _, files in os.walk(root):
+    yield from (os.path.join(d, f) for f in files)
+
+
+def _format(r: dict) -> str:
+  keys = ("row", "layers", "attention", "packed", "remat", "micro", "shape", "step_ms",
+          "tokens_s", "mfu", "peak_gib", "compile_s")
+  return "  " + " | ".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys)
+
+
+def _args(argv=None) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--steps", type=int, default=5, help="timed steps per row (median)")
+  ap.add_argument("--layers", type=int, default=0, help="layers (RedLLM N+N); 0 = the paper's")
+  ap.add_argument("--batch", type=int, default=8, help="rows per step")
+  ap.add_argument("--budget_s", type=float, default=420.0,
+                  help="seconds after which the remat search and optional rows stop")
+  ap.add_argument("--no_peer", action="store_true", help="skip the PyTorch peer")
+  ap.add_argument("--no_decode", action="store_true", help="skip the decode rows")
+  ap.add_argument("--profile_dir", default="", help="trace two steps of the best DecLLM here")
+  ap.add_argument("--json", default="", help="also write the rows to this JSON file")
+  ap.add_argument("--smoke", action="store_true", help="tiny shapes (any device), for tests")
+  return ap.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+  args = _args(argv)
+  start = time.time()
+  deadline = start + args.budget_s
+  dev = jax.devices()[0]
+  gpu = dev.platform == "gpu"
+  shape = Shape(layers=args.layers, batch=args.batch)
+  if args.smoke:
+    shape = Shape(layers=1, batch=2, length=64, d_model=64)
+  if not gpu:
+    shape = dataclasses.replace(shape, dtype="float32", attention="xla")  # cuDNN: GPUs only.
+  peak = flops.peak_flops_per_device(0.0, shape.dtype)
+  print(f"device: {dev.device_kind} ({dev.platform}); JAX {jax.__version__}; peak "
+        f"{peak / 1e12:.0f} TFLOP/s; HBM {hbm_bandwidth(dev.device_kind) / 1e12:.2f} TB/s; "
+        f"layers {'paper' if not shape.layers else shape.layers}", flush=True)
+  rows = []
+  for family in ("decllm", "redllm"):
+    found = search(family, shape, args.steps, peak, deadline,
+                   ("full",) if args.smoke else REMAT_SEARCH)
+    rows += found
+    if not found:
+      continue
+    best = min(found, key=lambda r: r["step_ms"])
+    remat, micro = best["remat"], best["micro"]
+    prof = args.profile_dir if family == "decllm" else ""
+    rows.append(train_row(f"{family} packed", make_config(family, shape, remat, micro, True),
+                          args.steps, True, peak, profile_dir=prof))
+    print(_format(rows[-1]), flush=True)
+    if family == "decllm" and shape.attention == "cudnn" and time.time() < deadline:
+      xla = dataclasses.replace(shape, attention="xla")
+      rows.append(train_row("decllm packed, xla attention", make_config(
+          family, xla, remat, micro, True), args.steps, True, peak))
+      print(_format(rows[-1]), flush=True)
+  if not args.no_peer and (gpu or args.smoke):
+    peer = peer_row(shape, args.steps, peak)
+    if peer is None:
+      print("  peer: torch / transformers not installed", flush=True)
+    else:
+      rows.append(peer)
+      print(_format(peer), flush=True)
+  if not args.no_decode:
+    bw = hbm_bandwidth(dev.device_kind)
+    for family in ("decllm", "redllm"):
+      if time.time() > deadline and not args.smoke:
+        print(f"  (budget spent: {family} decode not run)", flush=True)
+        continue
+      rows += (decode_rows(family, shape, bw, batches=(1,), prompt=8, news=(2, 4)) if args.smoke
+               else decode_rows(family, shape, bw))
+  if args.profile_dir:
+    print(f"  DecLLM packed step, GPU kernel ms over 2 steps: {trace_split(args.profile_dir)}")
+  print(f"total {time.time() - start:.0f} s", flush=True)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"device": dev.device_kind, "jax": jax.__version__, "rows": rows}, f, indent=1)
+  return rows
+
+
+if __name__ == "__main__":
+  main()

@@ -1,5 +1,6 @@
 """On an NVIDIA GPU (``make test-gpu``; marked ``gpu``, so ``make test`` leaves them out): cuDNN's
-fused attention (``model.attention_impl="cudnn"``) equals the ``xla`` path, forward and gradients,
+fused attention (``model.attention_impl="cudnn"``; one example per row, and packed rows through
+its packed layout on Hopper or newer) equals the ``xla`` path, forward and gradients,
 and the same models, compiled for the GPU, compute and generate what they do on the CPU; the
 TPU-only splash kernel is a clear error.
 
@@ -78,6 +79,57 @@ def test_cudnn_attention_equals_xla_forward_and_gradients(kind):
     assert_close_to_scale(g, rg, BF16_REL, f"d{name}")
 
 
+# Packed rows of 256: three documents + padding; two documents; one whole row (the encoder side
+# of RedLLM / cross-attention: other lengths, the same documents).
+PACKED_Q = [[1] * 100 + [2] * 90 + [3] * 40 + [0] * 26, [1] * 56 + [2] * 200, [1] * 256]
+PACKED_KV = [[1] * 60 + [2] * 30 + [3] * 70 + [0] * 32, [1] * 150 + [2] * 42, [1] * 192]
+
+
+@pytest.mark.parametrize("kv_heads", [8, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("kind", ["causal", "bidirectional", "cross"])
+def test_packed_cudnn_attention_equals_xla_forward_and_gradients(kind, kv_heads):
+  """cuDNN's packed layout (segment ids -> lengths/offsets) against the xla path's segment mask
+  on the same packed rows, bf16 inputs, forward and all three gradients; GQA too (on JAX <=
+  0.11.0 the K/V heads are repeated first: cudnn_packed.kv_heads_for_packed)."""
+  q_seg = jnp.array(PACKED_Q, jnp.int32)
+  kv_seg = jnp.array(PACKED_KV, jnp.int32) if kind == "cross" else q_seg
+  t, s = q_seg.shape[1], kv_seg.shape[1]
+  r = jax.random.split(jax.random.key(2), 4)
+  q = jax.random.normal(r[0], (3, t, 8, 64)).astype(jnp.bfloat16)
+  k = jax.random.normal(r[1], (3, s, kv_heads, 64)).astype(jnp.bfloat16)
+  v = jax.random.normal(r[2], (3, s, kv_heads, 64)).astype(jnp.bfloat16)
+  ct = jax.random.normal(r[3], (3, t, 8, 64))
+  spec = masks.MaskSpec(q_seg, kv_seg, kind)
+  mask = masks.materialize(spec)
+
+  def grads(fn, *args):
+    return jax.jit(jax.value_and_grad(
+        lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * ct), argnums=(0, 1, 2)))(*args)
+  packed = lambda q, k, v: attention_kernels.cudnn_attention(  # noqa: E731
+      q, k, v, spec, max_segments_per_row=4)
+  hlo = jax.jit(packed).lower(q, k, v).compile().as_text().lower()
+  assert "cudnn" in hlo, "the cudnn implementation was not used"
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  out = jax.jit(packed)(q, k, v)
+  assert_close_to_scale(out, dot_product_attention(*f32, mask), BF16_REL, "output")
+  assert float(jnp.abs(out[0, 230:]).max()) == 0.0  # Padding queries give zeros.
+  (_, g), (_, ref) = grads(packed, q, k, v), grads(
+      lambda q, k, v: dot_product_attention(q, k, v, mask), *f32)
+  for name, a, b in zip("qkv", g, ref):
+    assert_close_to_scale(a, b, BF16_REL, f"d{name}")
+
+
+def _packed_batch(family: str) -> dict:
+  """Two packed rows (three and two documents, padding) as seqio makes them."""
+  seg = jnp.array([[1] * 20 + [2] * 24 + [3] * 12 + [0] * 8, [1] * 30 + [2] * 34], jnp.int32)
+  batch = {"decoder_input_tokens": tokens((2, 64), 1) * (seg > 0), "decoder_segment_ids": seg,
+           "decoder_target_tokens": tokens((2, 64), 2) * (seg > 0)}
+  if family == "redllm":
+    eseg = jnp.array([[1] * 16 + [2] * 30 + [3] * 10 + [0] * 8, [1] * 40 + [2] * 24], jnp.int32)
+    batch.update(encoder_input_tokens=tokens((2, 64), 3) * (eseg > 0), encoder_segment_ids=eseg)
+  return batch
+
+
 def _unpacked_batch(family: str) -> dict:
   """Two rows, one example each, the first padded (what attention_impl='cudnn' trains on)."""
   seg = jnp.array([[1] * 40 + [0] * 24, [1] * 64], jnp.int32)
@@ -99,17 +151,20 @@ def _loss_and_grads(model, batch):
   return nnx.jit(nnx.value_and_grad(loss_fn))(model)
 
 
+@pytest.mark.parametrize("rows", ["unpacked", "packed"])
 @pytest.mark.parametrize("family", ["decllm", "redllm"])
-def test_cudnn_model_is_as_close_to_float32_as_the_xla_model(family):
+def test_cudnn_model_is_as_close_to_float32_as_the_xla_model(family, rows):
   """The same weights in bf16 through attention_impl 'cudnn' and 'xla', each against the f32
   model: cuDNN's loss and gradients are as close to f32 as XLA's bf16 path is (a small gradient
   such as a norm scale's sums many rounded terms, so bf16 alone can move it by a few %; a wrong
   mask or length moves it by its whole scale)."""
   kw = dict(num_kv_heads=2, head_dim=16, num_heads=4, d_model=64)
-  batch = _unpacked_batch(family)
+  batch = _unpacked_batch(family) if rows == "unpacked" else _packed_batch(family)
+  slots = 1 if rows == "unpacked" else 4  # The plain cuDNN call, or its packed layout.
   runs = {name: _loss_and_grads(build_model(tiny_cfg(family, **kw, **over), nnx.Rngs(0)), batch)
           for name, over in (("f32", dict(dtype="float32")), ("xla", dict(dtype="bfloat16")),
-                             ("cudnn", dict(dtype="bfloat16", attention_impl="cudnn")))}
+                             ("cudnn", dict(dtype="bfloat16", attention_impl="cudnn",
+                                            max_segments_per_row=slots)))}
   (f32_loss, f32_grads), (xla_loss, xla_grads), (loss, grads) = runs.values()
   assert abs(float(loss) - float(f32_loss)) <= max(
       2 * abs(float(xla_loss) - float(f32_loss)), 1e-2 * abs(float(f32_loss)))

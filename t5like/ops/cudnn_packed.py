@@ -191,6 +191,28 @@ def check_batch(configured: int, batch: dict) -> None:
                         f"the length {ids.shape[1]}; each slot adds saved softmax statistics)")
 
 
+def _zero_outside_segments(attend, q, k, v, aux, in_q_bt, in_kv_bs):
+  """``attend(q, k, v, aux)`` whose gradients are zero at the tokens no segment covers
+  (padding): the packed layout's kernels need not write those positions of dq, dk and dv.
+  Every array is an argument (``aux``: the layout or mask), none closed over."""
+  @jax.custom_vjp
+  def call(q, k, v, aux, in_q_bt, in_kv_bs):
+    return attend(q, k, v, aux)
+
+  def fwd(q, k, v, aux, in_q_bt, in_kv_bs):
+    out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, aux), q, k, v)
+    return out, (vjp, in_q_bt, in_kv_bs)
+
+  def bwd(res, ct):
+    vjp, in_q_bt, in_kv_bs = res
+    dq, dk, dv = vjp(ct)
+    keep = lambda g, valid: jnp.where(valid[:, :, None, None], g, 0).astype(g.dtype)  # noqa
+    return keep(dq, in_q_bt), keep(dk, in_kv_bs), keep(dv, in_kv_bs), None, None, None
+
+  call.defvjp(fwd, bwd)
+  return call(q, k, v, aux, in_q_bt, in_kv_bs)
+
+
 def packed_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
                      q_segment_ids_bt: jax.Array, kv_segment_ids_bs: jax.Array, *, causal: bool,
                      configured_segments: int = 0, implementation: str = "cudnn") -> jax.Array:
@@ -211,13 +233,20 @@ def packed_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
   if implementation == "cudnn":
     fn, (padding, padding_causal) = entry_point()
     check_device()
-    q_seqlen, kv_seqlen, q_offsets, kv_offsets = layout
-    out = fn(q_bthk, k_bshk, v_bshk, q_seqlen=q_seqlen, kv_seqlen=kv_seqlen, q_offsets=q_offsets,
-             kv_offsets=kv_offsets, scale=q_bthk.shape[-1] ** -0.5,
-             mask_type=padding_causal if causal else padding)
+
+    def attend(q, k, v, layout):
+      q_seqlen, kv_seqlen, q_offsets, kv_offsets = layout
+      return fn(q, k, v, q_seqlen=q_seqlen, kv_seqlen=kv_seqlen, q_offsets=q_offsets,
+                kv_offsets=kv_offsets, scale=q.shape[-1] ** -0.5,
+                mask_type=padding_causal if causal else padding)
+    aux = layout
   else:
-    mask = mask_from_layout(*layout, t, s, causal)
-    out = jax.nn.dot_product_attention(q_bthk, k_bshk, v_bshk, mask=mask, implementation="xla")
+    def attend(q, k, v, mask):
+      return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+    aux = mask_from_layout(*layout, t, s, causal)
+  in_q = (q_segment_ids_bt > 0) & (q_segment_ids_bt <= m)
+  in_kv = (kv_segment_ids_bs > 0) & (kv_segment_ids_bs <= m)
+  out = _zero_outside_segments(attend, q_bthk, k_bshk, v_bshk, aux, in_q, in_kv)
   kv_len_bm = jnp.maximum(layout[1], 0)
   slot = jnp.clip(q_segment_ids_bt - 1, 0, m - 1)
   has_keys = (q_segment_ids_bt > 0) & (jnp.take_along_axis(kv_len_bm, slot, axis=1) > 0)

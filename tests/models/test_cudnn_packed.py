@@ -5,15 +5,18 @@ that layout equals the ``xla`` path, forward and gradients, MHA and GQA; the GQA
 count check and the config validation. On a GPU, tests/gpu/test_gpu.py runs cuDNN itself."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from helpers import tiny_cfg
+from helpers import tiny_cfg, tokens
 from numerics import assert_close_to_scale
 from t5like.config import Config, ConfigError
-from t5like.models import masks
+from t5like.models import build_model, masks
 from t5like.ops import cudnn_packed
 from t5like.ops import fused_attention as attention_kernels
 from t5like.ops.reference import dot_product_attention
@@ -205,3 +208,85 @@ def test_packed_cudnn_off_a_gpu_is_a_clear_error():
   with pytest.raises(ValueError, match="runs on NVIDIA GPUs.*'xla'"):
     attention_kernels.cudnn_attention(q, k, v, masks.MaskSpec(ids, ids, "causal"),
                                       max_segments_per_row=4)
+
+
+def test_padding_gradients_are_zero_whatever_the_kernel_leaves_there():
+  """The packed kernels need not write dq/dk/dv at padding: the custom VJP zeroes them there."""
+  q, k, v = _qkv(1, 6, 6, 2, 2)
+  in_q = jnp.array([[True] * 4 + [False] * 2])
+  in_kv = jnp.array([[True] * 5 + [False]])
+  attend = lambda q, k, v, aux: q * aux + jnp.sum(k * v)  # noqa: E731 - nonzero grads everywhere.
+  dq, dk, dv = jax.grad(lambda q, k, v: jnp.sum(cudnn_packed._zero_outside_segments(
+      attend, q, k, v, 3.0, in_q, in_kv)), argnums=(0, 1, 2))(q, k, v)
+  np.testing.assert_array_equal(dq[0, 4:], 0.0)
+  np.testing.assert_array_equal(dq[0, :4], 3.0)
+  np.testing.assert_array_equal(dk[0, 5:], 0.0)
+  np.testing.assert_allclose(dv[0, :5], q.size * k[0, :5], rtol=1e-6)  # sum(out) = ... + |q| k.v
+
+
+def _fake_cudnn(query, key, value, bias=None, mask=None, q_seqlen=None, kv_seqlen=None,
+                q_offsets=None, kv_offsets=None, fp8_params=None, *, scale=1.0, mask_type=None,
+                **unused):
+  """JAX's internal entry point as it reads the packed layout, in XLA ops (float32)."""
+  from jax._src.cudnn import fused_attention_stablehlo as fa
+  assert key.shape[2] == query.shape[2], "the GQA guard repeats K/V heads on this JAX"
+  assert q_offsets.shape[1] == q_seqlen.shape[1] + 1 and q_seqlen.dtype == jnp.int32
+  causal = mask_type == fa.MaskType.PADDING_CAUSAL
+  allowed = cudnn_packed.mask_from_layout(q_seqlen, kv_seqlen, q_offsets, kv_offsets,
+                                          query.shape[1], key.shape[1], causal)
+  logits = jnp.einsum("bthk,bshk->bhts", query, key, preferred_element_type=jnp.float32) * scale
+  probs = jax.nn.softmax(jnp.where(allowed, logits, -1e30), axis=-1)
+  return jnp.einsum("bhts,bshk->bthk", probs.astype(value.dtype), value)
+
+
+def _model_batch(family):
+  seg = jnp.array([[1] * 10 + [2] * 14 + [3] * 4 + [0] * 4, [1] * 20 + [2] * 12], jnp.int32)
+  pos = jnp.array([list(range(10)) + list(range(14)) + list(range(4)) + [0] * 4,
+                   list(range(20)) + list(range(12))], jnp.int32)
+  batch = {"decoder_input_tokens": tokens((2, 32), 1) * (seg > 0), "decoder_segment_ids": seg,
+           "decoder_positions": pos}
+  if family == "redllm":
+    eseg = jnp.array([[1] * 6 + [2] * 16 + [3] * 8 + [0] * 10, [1] * 30 + [2] * 10], jnp.int32)
+    epos = jnp.array([list(range(6)) + list(range(16)) + list(range(8)) + [0] * 10,
+                      list(range(30)) + list(range(10))], jnp.int32)
+    batch.update(encoder_input_tokens=tokens((2, 40), 2) * (eseg > 0), encoder_segment_ids=eseg,
+                 encoder_positions=epos)
+  return batch
+
+
+@pytest.mark.parametrize("family", ["decllm", "redllm"])
+def test_a_packed_model_through_the_cudnn_call_equals_the_xla_model(family, monkeypatch):
+  """The whole model with attention_impl='cudnn' on packed rows (DecLLM causal; RedLLM encoder,
+  decoder and cross-attention; grouped KV heads), the entry point replaced by its semantics in
+  XLA ops: the lengths, offsets, mask types, scale and K/V heads the model hands cuDNN give the
+  xla model's logits and gradients: in bf16 (as cuDNN needs) as close to the float32 model as
+  the xla model in bf16 is (a wrong segment, offset or head moves them by their whole scale)."""
+  from jax._src.cudnn import fused_attention_stablehlo as fa
+  from t5like.ops.fused_attention import cudnn_packed as used
+  monkeypatch.setattr(used, "entry_point", lambda: (
+      _fake_cudnn, (fa.MaskType.PADDING, fa.MaskType.PADDING_CAUSAL)))
+  monkeypatch.setattr(used, "check_device", lambda: None)
+  batch = _model_batch(family)
+  base = tiny_cfg(family, num_kv_heads=2, dtype="bfloat16")
+  weights = batch["decoder_segment_ids"] > 0
+
+  def run(cfg):
+    graphdef, params = nnx.split(build_model(cfg, nnx.Rngs(0)))
+
+    @jax.jit
+    def loss(p):
+      logits = nnx.merge(graphdef, p)(batch)
+      return jnp.sum(jax.nn.log_softmax(logits)[..., 5] * weights), logits
+    return jax.value_and_grad(loss, has_aux=True)(params)
+  (_, logits_f), grads_f = run(dataclasses.replace(base, dtype="float32"))  # The reference.
+  (_, logits_x), grads_x = run(base)
+  (_, logits_c), grads_c = run(dataclasses.replace(base, attention_impl="cudnn",
+                                                   max_segments_per_row=4))
+  real = np.asarray(weights)
+  flat = lambda tree: [np.asarray(x, np.float64) for x in jax.tree.leaves(tree)]  # noqa: E731
+  pairs = [(logits_f[real], logits_x[real], logits_c[real])] + list(
+      zip(flat(grads_f), flat(grads_x), flat(grads_c)))
+  for ref, xla, cudnn in pairs:  # As close to float32 as the xla model in bf16 (or 1 %).
+    ref, xla, cudnn = (np.asarray(a, np.float64) for a in (ref, xla, cudnn))
+    xla_err, err = np.abs(xla - ref).max(), np.abs(cudnn - ref).max()
+    assert err <= max(2 * xla_err, 1e-2 * np.abs(ref).max()), (err, xla_err)

@@ -41,15 +41,15 @@ import gzip
 import json
 import os
 import re
-import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # A checkout.
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import timing  # noqa: E402
 from t5like import partitioning  # noqa: E402
 from t5like.config import Config, ConfigError, paper_model  # noqa: E402
 from t5like.models import cudnn_packed  # noqa: E402
@@ -147,16 +147,6 @@ def train_numbers(cfg: Config, step_s: float, peak: float, dec_len: int, enc_len
           "tflops_s": f / step_s / 1e12, "mfu": f / step_s / peak if peak else float("nan")}
 
 
-def _timed(step, steps: int) -> float:
-  step()  # Warm-up.
-  times = []
-  for _ in range(steps):
-    t = time.perf_counter()
-    step()
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
-
-
 def train_row(name: str, cfg: Config, steps: int, packed: bool, peak: float,
               profile_dir: str = "") -> dict:
   """Compiles (memory checked: a step that cannot fit is a ConfigError) and times ``cfg``."""
@@ -176,7 +166,7 @@ def train_row(name: str, cfg: Config, steps: int, packed: bool, peak: float,
   def step():
     held["state"], metrics = compiled(held["state"], batch)
     jax.block_until_ready(metrics)
-  step_s = _timed(step, steps)
+  step_s = timing.median_seconds(step, steps)
   if profile_dir:
     jax.profiler.start_trace(profile_dir)
     for _ in range(2):
@@ -243,7 +233,7 @@ def peer_row(shape: Shape, steps: int, peak: float) -> dict | None:
       torch.cuda.synchronize()
   if device == "cuda":
     torch.cuda.reset_peak_memory_stats()
-  step_s = _timed(step, steps)
+  step_s = timing.median_seconds(step, steps)
   mem = torch.cuda.max_memory_allocated() / GiB if device == "cuda" else float("nan")
   f = flops.train_flops(m, b, s, 0)
   return {"row": "peer: transformers Llama, PyTorch SDPA, AdamW, bf16", "family": "decllm",
@@ -284,7 +274,7 @@ def decode_rows(family: str, shape: Shape, bandwidth: float, batches=(1, 8), pro
   rows = []
   for b in batches:
     prompts = [rng.integers(2, cfg.vocab_size, size=prompt).tolist() for _ in range(b)]
-    t = {n: _timed(lambda n=n: generator(prompts, max_new_tokens=n, eos_id=-1), 2)
+    t = {n: timing.median_seconds(lambda n=n: generator(prompts, max_new_tokens=n, eos_id=-1), 3)
          for n in news}
     step_s = (t[news[1]] - t[news[0]]) / (news[1] - news[0])
     mean_new = (news[0] + news[1]) / 2  # Mean decoder tokens cached over the timed steps.

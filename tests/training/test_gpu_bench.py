@@ -4,7 +4,6 @@ counts the bytes a step reads, its trace split sums GPU kernels by class; and ``
 end to end (slow)."""
 from __future__ import annotations
 
-import os
 import sys
 
 import jax.numpy as jnp
@@ -20,10 +19,10 @@ from train_helpers import REPO
 
 @pytest.fixture(scope="module")
 def bench():
-  path = list(sys.path)
-  sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+  path = list(sys.path)  # The benchmark adds the checkout to sys.path at import.
+  sys.path.insert(0, REPO)
   try:
-    import gpu_train
+    from benchmarks import gpu_train
   finally:
     sys.path[:] = path
   return gpu_train

@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5like.config import ConfigError
+
 _ENTRY = "jax._src.cudnn.fused_attention_stablehlo.dot_product_attention"
 _NEEDED_ARGS = ("q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets", "mask_type", "scale")
 # The last JAX release whose packed path multiplies kv_offsets by the query head count.
@@ -67,19 +69,20 @@ def kv_heads_for_packed(k_bsgk: jax.Array, v_bsgk: jax.Array, num_heads: int,
 
 
 def entry_point():
-  """JAX's internal cuDNN attention with the packed-layout arguments, or a clear error."""
+  """JAX's internal cuDNN attention with the packed-layout arguments, or a clear error (a
+  ConfigError: the CLIs print it as one ``error:`` block)."""
   try:
     from jax._src.cudnn import fused_attention_stablehlo as fa
     fn = fa.dot_product_attention
     params = inspect.signature(fn).parameters
     mask_types = fa.MaskType.PADDING, fa.MaskType.PADDING_CAUSAL
   except (ImportError, AttributeError) as e:
-    raise ValueError(f"attention_impl='cudnn' on packed rows needs {_ENTRY} (JAX 0.10.x) and "
+    raise ConfigError(f"attention_impl='cudnn' on packed rows needs {_ENTRY} (JAX 0.10.x) and "
                      f"this JAX {jax.__version__} has none ({e}); use model.attention_impl='xla', "
                      "or data.pack=False with model.max_segments_per_row=1") from None
   missing = [a for a in _NEEDED_ARGS if a not in params]
   if missing:
-    raise ValueError(f"attention_impl='cudnn' on packed rows: {_ENTRY} of JAX {jax.__version__} "
+    raise ConfigError(f"attention_impl='cudnn' on packed rows: {_ENTRY} of JAX {jax.__version__} "
                      f"takes no {', '.join(missing)} (written for JAX 0.10.x); use "
                      "model.attention_impl='xla', or data.pack=False with "
                      "model.max_segments_per_row=1")
@@ -91,10 +94,10 @@ def check_device() -> None:
   dev = jax.devices()[0]
   cap = getattr(dev, "compute_capability", None)
   if dev.platform != "gpu" or cap is None:
-    raise ValueError(f"attention_impl='cudnn' runs on NVIDIA GPUs; JAX's device here is "
+    raise ConfigError(f"attention_impl='cudnn' runs on NVIDIA GPUs; JAX's device here is "
                      f"{dev.platform!r} ({dev.device_kind}): use model.attention_impl='xla'")
   if tuple(int(x) for x in str(cap).split(".")[:2]) < (9, 0):
-    raise ValueError(f"attention_impl='cudnn' on packed rows needs a Hopper or newer GPU "
+    raise ConfigError(f"attention_impl='cudnn' on packed rows needs a Hopper or newer GPU "
                      f"(compute capability >= 9.0); {dev.device_kind} has {cap}: use "
                      "model.attention_impl='xla', or data.pack=False with "
                      "model.max_segments_per_row=1 (the plain cuDNN call)")
@@ -164,7 +167,6 @@ def layout_problems(segment_ids_bt) -> tuple:
 def check_batch(configured: int, batch: dict) -> None:
   """Host check of a batch for the packed cuDNN path: rows seqio-packed and at most ``M``
   segments each (a clear error naming ``model.max_segments_per_row`` otherwise)."""
-  from t5like.config import ConfigError
   for key in ("decoder_segment_ids", "encoder_segment_ids"):
     if key not in batch:
       continue

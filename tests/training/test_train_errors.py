@@ -70,3 +70,13 @@ def test_resuming_with_other_data_settings_is_an_error_not_corruption(tmp_path):
   assert ("WARNING resuming with another optimizer setting than the checkpoint was trained with "
           "(train.adafactor_per_layer: checkpoint False vs config True)"
           in (tmp_path / "train.log").read_text())
+
+
+def test_cudnn_attention_off_a_gpu_is_a_config_error_before_the_first_step(tmp_path):
+  """Packed rows with attention_impl='cudnn' need an NVIDIA GPU (Hopper or newer): elsewhere
+  the step's tracing stops with a ConfigError naming 'xla' (the CLIs print one error block)."""
+  cfg = tiny_config(steps=1, batch_size=2, length=16)
+  cfg.model.attention_impl, cfg.model.dtype = "cudnn", "bfloat16"
+  cfg.validate()
+  with pytest.raises(ConfigError, match="runs on NVIDIA GPUs.*'xla'"):
+    loop.run(cfg, str(tmp_path), data=SyntheticData(cfg))

@@ -3,8 +3,9 @@
 packed and unpacked, against transformers' Llama on PyTorch in the same run; greedy decode
 against the HBM-bandwidth floor (``make bench-gpu``; < 8 minutes on one H100 / H200).
 
-  python benchmarks/gpu_train.py [--steps 5] [--layers 0] [--budget_s 420] [--no_peer]
-                                 [--no_decode] [--profile_dir DIR] [--json out.json] [--smoke]
+  python benchmarks/gpu_train.py [--steps 5] [--layers 0] [--batch 8] [--budget_s 420]
+                                 [--families decllm,redllm] [--no_peer] [--no_decode]
+                                 [--profile_dir DIR] [--json out.json] [--smoke]
 
 Models: ``paper_model(family, "1b")`` (d2048, 16 x 128 heads, SwiGLU 8192, vocab 32768, tied;
 DecLLM 16 layers, RedLLM 7 + 7), bf16 compute with f32 parameters and Adafactor (the paper's
@@ -219,7 +220,7 @@ def peer_row(shape: Shape, steps: int, peak: float) -> dict | None:
       vocab_size=m.vocab_size, hidden_size=m.d_model, intermediate_size=m.d_ff,
       num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
       num_key_value_heads=m.kv_heads, head_dim=m.head_dim, max_position_embeddings=s,
-      tie_word_embeddings=True, attn_implementation="sdpa")
+      tie_word_embeddings=True)  # Attention: transformers' default, PyTorch SDPA (flash).
   device = "cuda" if torch.cuda.is_available() else "cpu"
   model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).to(device).train()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
@@ -236,9 +237,10 @@ def peer_row(shape: Shape, steps: int, peak: float) -> dict | None:
   step_s = timing.median_seconds(step, steps)
   mem = torch.cuda.max_memory_allocated() / GiB if device == "cuda" else float("nan")
   f = flops.train_flops(m, b, s, 0)
-  return {"row": "peer: transformers Llama, PyTorch SDPA, AdamW, bf16", "family": "decllm",
+  attn = getattr(model.config, "_attn_implementation", None) or "default"
+  return {"row": f"peer: transformers Llama ({attn} attention), AdamW, bf16", "family": "decllm",
           "layers": m.num_layers, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
-          "attention": "sdpa", "packed": False, "remat": "none", "micro": 1,
+          "attention": attn, "packed": False, "remat": "none", "micro": 1,
           "shape": f"{b}x{s}", "step_ms": step_s * 1e3, "peak_gib": mem, "compile_s": 0.0,
           "flops": f, "tokens_s": b * s / step_s, "tflops_s": f / step_s / 1e12,
           "mfu": f / step_s / peak if peak else float("nan")}
@@ -342,6 +344,7 @@ def _args(argv=None) -> argparse.Namespace:
   ap.add_argument("--batch", type=int, default=8, help="rows per step")
   ap.add_argument("--budget_s", type=float, default=420.0,
                   help="seconds after which the remat search and optional rows stop")
+  ap.add_argument("--families", default="decllm,redllm", help="comma list of model families")
   ap.add_argument("--no_peer", action="store_true", help="skip the PyTorch peer")
   ap.add_argument("--no_decode", action="store_true", help="skip the decode rows")
   ap.add_argument("--profile_dir", default="", help="trace two steps of the best DecLLM here")
@@ -366,7 +369,8 @@ def main(argv=None) -> list[dict]:
         f"{peak / 1e12:.0f} TFLOP/s; HBM {hbm_bandwidth(dev.device_kind) / 1e12:.2f} TB/s; "
         f"layers {'paper' if not shape.layers else shape.layers}", flush=True)
   rows = []
-  for family in ("decllm", "redllm"):
+  families = [f for f in args.families.split(",") if f]
+  for family in families:
     found = search(family, shape, args.steps, peak, deadline,
                    ("full",) if args.smoke else REMAT_SEARCH)
     rows += found
@@ -392,7 +396,7 @@ def main(argv=None) -> list[dict]:
       print(_format(peer), flush=True)
   if not args.no_decode:
     bw = hbm_bandwidth(dev.device_kind)
-    for family in ("decllm", "redllm"):
+    for family in families:
       if time.time() > deadline and not args.smoke:
         print(f"  (budget spent: {family} decode not run)", flush=True)
         continue

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import gzip
 import json
 import os
@@ -319,16 +320,11 @@ def time_split(events: list[dict]) -> dict[str, float]:
 
 
 def trace_split(profile_dir: str) -> dict[str, float]:
-  paths = sorted(p for p in _walk(profile_dir) if p.endswith(".trace.json.gz"))
+  paths = sorted(glob.glob(os.path.join(profile_dir, "**", "*.trace.json.gz"), recursive=True))
   if not paths:
     return {}
   with gzip.open(paths[-1], "rt") as f:
     return time_split(json.load(f).get("traceEvents", []))
-
-
-def _walk(root: str):
-  for d, _, files in os.walk(root):
-    yield from (os.path.join(d, f) for f in files)
 
 
 def _format(r: dict) -> str:

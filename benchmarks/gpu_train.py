@@ -25,8 +25,8 @@ The peer: ``transformers.LlamaForCausalLM`` of the DecLLM shapes (tied embedding
 length), bf16 weights, AdamW (fused), PyTorch's SDPA (flash) attention; only when torch and
 transformers are installed (never a dependency of this project).
 
-Decode: batch 1 and 8, 128-token prompts, greedy; the per-token step time is the difference of
-two generation lengths (prefill and compilation cancel). Its floor: bytes of the weights read per
+Decode (``gpu_decode.py``): batch 1 and 8, 128-token prompts, greedy; the per-token step time is
+the difference of two generation lengths (prefill and compilation cancel). Its floor: bytes of the weights read per
 step (RedLLM: not the encoder's) plus the KV cache at the mean context, over the card's HBM
 bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB/s).
 
@@ -52,6 +52,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import timing  # noqa: E402
+from benchmarks.gpu_decode import decode_floor_bytes, decode_rows, hbm_bandwidth  # noqa: E402,F401
 from t5like import partitioning  # noqa: E402
 from t5like.config import Config, ConfigError, paper_model  # noqa: E402
 from t5like.models import cudnn_packed  # noqa: E402
@@ -61,16 +62,8 @@ from t5like.training import step as step_lib  # noqa: E402
 from t5like.training.data import SyntheticData, global_batch  # noqa: E402
 
 GiB = 1024 ** 3
-# HBM bandwidth per device, bytes/s (first match of the lower-cased device kind).
-HBM_BANDWIDTH = (("h200", 4.8e12), ("h100 pcie", 2.0e12), ("h100", 3.35e12), ("a100", 2.0e12),
-                 ("l4", 0.3e12))
 REMAT_SEARCH = ("none", "dots", "full")
 DOCS_PER_ROW = 4  # Mean documents per packed row (~512 tokens each at 2048).
-
-
-def hbm_bandwidth(device_kind: str) -> float:
-  kind = device_kind.lower()
-  return next((bw for key, bw in HBM_BANDWIDTH if key in kind), 0.0)
 
 
 @dataclasses.dataclass
@@ -247,49 +240,6 @@ def peer_row(shape: Shape, steps: int, peak: float) -> dict | None:
           "mfu": f / step_s / peak if peak else float("nan")}
 
 
-def decode_floor_bytes(cfg, params: dict, batch: int, context: float, encoder_length: int = 0
-                       ) -> float:
-  """Bytes one greedy decode step reads: the weights it uses, as stored (f32 parameters: 4 bytes
-  each; RedLLM: not the encoder's), and the KV cache: ``context`` cached tokens of the decoder's own (mean over the timed steps) in
-  every self-attention layer, RedLLM's ``encoder_length`` encoder keys and values in every
-  cross-attention."""
-  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-  weights = sum(x.size * x.dtype.itemsize for path, x in leaves
-                if not jax.tree_util.keystr(path).startswith("['encoder"))
-  kv = 2 * cfg.kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize * batch
-  if cfg.family == "decllm":
-    return float(weights + cfg.num_layers * kv * context)
-  return float(weights + cfg.num_decoder_layers * kv * (context + encoder_length))
-
-
-def decode_rows(family: str, shape: Shape, bandwidth: float, batches=(1, 8), prompt: int = 128,
-                news=(16, 80)) -> list[dict]:
-  from flax import nnx
-
-  from t5like.inference import generation as gen
-  from t5like.models import build_model
-  cfg = dataclasses.replace(make_config(family, shape, "none", 1, False).model,
-                            attention_impl="xla")
-  model = build_model(cfg, nnx.Rngs(0))
-  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  generator = gen.Generator(model)
-  rng = np.random.default_rng(0)
-  rows = []
-  for b in batches:
-    prompts = [rng.integers(2, cfg.vocab_size, size=prompt).tolist() for _ in range(b)]
-    t = {n: timing.median_seconds(lambda n=n: generator(prompts, max_new_tokens=n, eos_id=-1), 3)
-         for n in news}
-    step_s = (t[news[1]] - t[news[0]]) / (news[1] - news[0])
-    mean_new = (news[0] + news[1]) / 2  # Mean decoder tokens cached over the timed steps.
-    context, enc = (prompt + mean_new, 0) if family == "decllm" else (mean_new, prompt)
-    floor_s = decode_floor_bytes(cfg, params, b, context, enc) / bandwidth if bandwidth else 0
-    rows.append({"row": f"{family} decode batch {b}", "step_ms": step_s * 1e3,
-                 "floor_ms": floor_s * 1e3, "of_floor": floor_s / step_s if floor_s else
-                 float("nan"), "tokens_s": b / step_s})
-    print(f"  {rows[-1]}", flush=True)
-  return rows
-
-
 # Kernel names -> what they do (GPU traces: cuBLAS / CUTLASS products, cuDNN / flash attention,
 # NCCL collectives); the first matching class wins.
 KERNEL_CLASSES = (
@@ -325,6 +275,28 @@ def trace_split(profile_dir: str) -> dict[str, float]:
     return {}
   with gzip.open(paths[-1], "rt") as f:
     return time_split(json.load(f).get("traceEvents", []))
+
+
+def table_row(device_kind: str, jax_version: str, date: str, rows: list[dict]) -> str:
+  """The docs/gpus.md results row of a run: the fastest unpacked and the packed row of each
+  family, the peer, decode at batch 1 and 8 (with the share of the HBM floor); "-" where absent."""
+  def get(pred, fmt):
+    found = [r for r in rows if pred(r)]
+    return fmt(min(found, key=lambda r: r["step_ms"])) if found else "-"
+  train = lambda fam, packed: lambda r: (  # noqa: E731
+      r.get("family") == fam and r.get("packed") is packed and r.get("attention") != "xla"
+      and not r["row"].startswith("peer"))
+  tok = lambda r: f"{r['tokens_s'] / 1e3:.0f}k"  # noqa: E731
+  mfu = lambda r: f"{100 * r['mfu']:.0f} % / {tok(r)}"  # noqa: E731
+  dec = lambda r: f"{r['step_ms']:.2f} ({100 * r['of_floor']:.0f} %)"  # noqa: E731
+  cells = [device_kind, jax_version, date,
+           f"{get(train('decllm', False), mfu)}, {get(train('decllm', True), mfu)}",
+           f"{get(train('redllm', False), tok)}, {get(train('redllm', True), tok)}",
+           get(lambda r: r["row"].startswith("peer"), tok),
+           " / ".join(get(lambda r, b=b: r["row"].endswith(f"decode batch {b}")
+                          and r["row"].startswith(fam), dec)
+                      for fam in ("decllm", "redllm") for b in (1, 8))]
+  return "| " + " | ".join(cells) + " |"
 
 
 def _format(r: dict) -> str:
@@ -401,11 +373,13 @@ def main(argv=None) -> list[dict]:
       if time.time() > deadline and not args.smoke:
         print(f"  (budget spent: {family} decode not run)", flush=True)
         continue
-      rows += (decode_rows(family, shape, bw, batches=(1,), prompt=8, news=(2, 4)) if args.smoke
-               else decode_rows(family, shape, bw))
+      model_cfg = make_config(family, shape, "none", 1, False).model
+      rows += (decode_rows(model_cfg, bw, batches=(1,), prompt=8, news=(2, 4)) if args.smoke
+               else decode_rows(model_cfg, bw))
   if args.profile_dir:
     print(f"  DecLLM packed step, GPU kernel ms over 2 steps: {trace_split(args.profile_dir)}")
-  print(f"total {time.time() - start:.0f} s", flush=True)
+  print(f"total {time.time() - start:.0f} s; docs/gpus.md row:", flush=True)
+  print(table_row(dev.device_kind, jax.__version__, time.strftime("%Y-%m-%d"), rows))
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"device": dev.device_kind, "jax": jax.__version__, "rows": rows}, f, indent=1)

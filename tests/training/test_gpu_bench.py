@@ -1,4 +1,4 @@
-"""benchmarks/gpu_train.py (``make bench-gpu``), checked on CPU: its FLOP counting is
+"""benchmarks/gpu_train.py and gpu_decode.py (``make bench-gpu``), checked on CPU: its FLOP counting is
 ``flops.train_flops`` at the paper's 1B shapes, its packed rows are seqio-packed, its decode floor
 counts the bytes a step reads, its trace split sums GPU kernels by class; and ``--smoke`` runs
 end to end (slow)."""
@@ -108,6 +108,22 @@ def test_trace_split_sums_gpu_stream_kernels_by_class(bench):
   ]
   assert bench.time_split(events) == {"products": 4.0, "attention": 2.0, "collectives": 0.5,
                                       "other": 0.25}
+
+
+def test_results_row_for_the_docs_table(bench):
+  base = {"attention": "cudnn", "mfu": 0.4}
+  rows = [{**base, "row": "decllm remat=none micro=1", "family": "decllm", "packed": False,
+           "step_ms": 100.0, "tokens_s": 160e3},
+          {**base, "row": "decllm remat=full micro=1", "family": "decllm", "packed": False,
+           "step_ms": 130.0, "tokens_s": 120e3, "mfu": 0.3},
+          {**base, "row": "decllm packed", "family": "decllm", "packed": True, "step_ms": 105.0,
+           "tokens_s": 150e3, "mfu": 0.38},
+          {**base, "row": "decllm packed, xla attention", "family": "decllm", "packed": True,
+           "attention": "xla", "step_ms": 90.0, "tokens_s": 1.0},
+          {"row": "decllm decode batch 1", "step_ms": 2.5, "of_floor": 0.6, "tokens_s": 400.0}]
+  row = bench.table_row("NVIDIA H100", "0.10.2", "2026-11-27", rows)
+  assert row == ("| NVIDIA H100 | 0.10.2 | 2026-11-27 | 40 % / 160k, 38 % / 150k | -, - | - | "
+                 "2.50 (60 %) / - / - / - |")
 
 
 @pytest.mark.slow

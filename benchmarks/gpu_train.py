@@ -26,9 +26,9 @@ length), bf16 weights, AdamW (fused), PyTorch's SDPA (flash) attention; only whe
 transformers are installed (never a dependency of this project).
 
 Decode (``gpu_decode.py``): batch 1 and 8, 128-token prompts, greedy; the per-token step time is
-the difference of two generation lengths (prefill and compilation cancel). Its floor: bytes of the weights read per
-step (RedLLM: not the encoder's) plus the KV cache at the mean context, over the card's HBM
-bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB/s).
+the difference of two generation lengths (prefill and compilation cancel). Its floor: bytes of
+the weights read per step (RedLLM: not the encoder's) plus the KV cache at the mean context,
+over the card's HBM bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB/s).
 
 ``--profile_dir``: a ``jax.profiler`` trace of two steps of the fastest DecLLM setting, and the
 step's GPU time split into products, attention, collectives and the rest (by kernel name).

@@ -78,14 +78,15 @@ def entry_point():
     mask_types = fa.MaskType.PADDING, fa.MaskType.PADDING_CAUSAL
   except (ImportError, AttributeError) as e:
     raise ConfigError(f"attention_impl='cudnn' on packed rows needs {_ENTRY} (JAX 0.10.x) and "
-                     f"this JAX {jax.__version__} has none ({e}); use model.attention_impl='xla', "
-                     "or data.pack=False with model.max_segments_per_row=1") from None
+                      f"this JAX {jax.__version__} has none ({e}); use "
+                      "model.attention_impl='xla', or data.pack=False with "
+                      "model.max_segments_per_row=1") from None
   missing = [a for a in _NEEDED_ARGS if a not in params]
   if missing:
     raise ConfigError(f"attention_impl='cudnn' on packed rows: {_ENTRY} of JAX {jax.__version__} "
-                     f"takes no {', '.join(missing)} (written for JAX 0.10.x); use "
-                     "model.attention_impl='xla', or data.pack=False with "
-                     "model.max_segments_per_row=1")
+                      f"takes no {', '.join(missing)} (written for JAX 0.10.x); use "
+                      "model.attention_impl='xla', or data.pack=False with "
+                      "model.max_segments_per_row=1")
   return fn, mask_types
 
 
@@ -95,12 +96,12 @@ def check_device() -> None:
   cap = getattr(dev, "compute_capability", None)
   if dev.platform != "gpu" or cap is None:
     raise ConfigError(f"attention_impl='cudnn' runs on NVIDIA GPUs; JAX's device here is "
-                     f"{dev.platform!r} ({dev.device_kind}): use model.attention_impl='xla'")
+                      f"{dev.platform!r} ({dev.device_kind}): use model.attention_impl='xla'")
   if tuple(int(x) for x in str(cap).split(".")[:2]) < (9, 0):
     raise ConfigError(f"attention_impl='cudnn' on packed rows needs a Hopper or newer GPU "
-                     f"(compute capability >= 9.0); {dev.device_kind} has {cap}: use "
-                     "model.attention_impl='xla', or data.pack=False with "
-                     "model.max_segments_per_row=1 (the plain cuDNN call)")
+                      f"(compute capability >= 9.0); {dev.device_kind} has {cap}: use "
+                      "model.attention_impl='xla', or data.pack=False with "
+                      "model.max_segments_per_row=1 (the plain cuDNN call)")
 
 
 def segment_lengths(segment_ids_bt: jax.Array, m: int) -> jax.Array:

@@ -1,7 +1,7 @@
-"""benchmarks/gpu_train.py and gpu_decode.py (``make bench-gpu``), checked on CPU: its FLOP counting is
-``flops.train_flops`` at the paper's 1B shapes, its packed rows are seqio-packed, its decode floor
-counts the bytes a step reads, its trace split sums GPU kernels by class; and ``--smoke`` runs
-end to end (slow)."""
+"""benchmarks/gpu_train.py and gpu_decode.py (``make bench-gpu``), checked on CPU: the FLOP
+counting is ``flops.train_flops`` at the paper's 1B shapes, the packed rows are seqio-packed, the
+decode floor counts the bytes a step reads, the trace split sums GPU kernels by class, the docs
+row is built from the rows; and ``--smoke`` runs end to end (slow)."""
 from __future__ import annotations
 
 import sys

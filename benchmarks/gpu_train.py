@@ -55,7 +55,7 @@ from benchmarks import timing  # noqa: E402
 from benchmarks.gpu_decode import decode_floor_bytes, decode_rows, hbm_bandwidth  # noqa: E402,F401
 from t5like import partitioning  # noqa: E402
 from t5like.config import Config, ConfigError, paper_model  # noqa: E402
-from t5like.models import cudnn_packed  # noqa: E402
+from t5like.ops import cudnn_packed  # noqa: E402
 from t5like.training import aot, flops  # noqa: E402
 from t5like.training import state as state_lib  # noqa: E402
 from t5like.training import step as step_lib  # noqa: E402

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from t5like.config import ModelConfig, paper_model
-from t5like.models import cudnn_packed, masks
+from t5like.models import masks
+from t5like.ops import cudnn_packed
 from t5like.training import flops
 from t5like.training.data import SyntheticData
 from train_helpers import REPO

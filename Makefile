@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow test-aot test-gpu bench-gpu tpu-table bench clean
+.PHONY: install demo test test-slow test-aot test-gpu bench-gpu test-hf tpu-table bench clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard t5like/kernels/*.cc t5like/kernels/*.h)  # Kernels: built at install.
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -69,6 +69,16 @@ test-gpu: $(GPU_STAMP)
 bench-gpu: $(GPU_STAMP)
 	$(GPU_PY) benchmarks/gpu_train.py $(BENCH_ARGS)
 
+# Exported Hugging Face models (marked `hf`): PyTorch logits and generate() == t5like's, import
+# round trips, lm-evaluation-harness on a local task; torch and transformers stay out of `.venv`.
+HF_VENV ?= .venv-hf
+HF_PY := $(HF_VENV)/bin/python
+HF_STAMP := $(HF_VENV)/.installed
+$(eval $(call extra_venv,$(HF_VENV),hf))
+
+test-hf: $(HF_STAMP)
+	$(HF_PY) -m pytest -q -p no:cacheprovider -m hf $(PYTEST_ARGS)
+
 # The paper table of docs/pods.md: every paper config compiled for v5p-128 and v5e-256 (a few
 # hours on 2 cores; resumes from runs/tpu_table.json).
 tpu-table: $(TPU_STAMP)
@@ -81,4 +91,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/decode_throughput.py
 
 clean:
-	rm -rf $(VENV) $(TPU_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(TPU_VENV) $(HF_VENV) runs .pytest_cache

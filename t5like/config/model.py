@@ -35,6 +35,7 @@ class ModelConfig:
   #   by triangular maps: "per_head" (first half of heads forward, second half backward) or
   #   "per_layer" (even layers forward, odd layers backward); "none" keeps full bidirectional.
   qkv_norm: bool = True  # RMSNorm (learned scale over head_dim) on Q, K and V of every attention.
+  v_norm: bool = True  # With qkv_norm: norm V too (the paper); False norms Q and K only (Qwen3).
   attn_out_norm: bool = False  # RedLLM's extra norm on the attention output, before the output
   #   projection (paper: Attn_Red = LN(Attn_Dec)). Paper setting: True for RedLLM, False for DecLLM.
   attn_out_norm_scope: str = "per_head"  # "per_head": RMSNorm over head_dim of each head (our
@@ -44,6 +45,10 @@ class ModelConfig:
   continuous_positions: bool = True  # RedLLM: decoder positions continue after the encoder length
   #   (k..k+m-1) instead of restarting at 0. Read by the data pipeline, which makes the positions.
   norm_eps: float = 1e-6  # Epsilon of every RMSNorm.
+  tie_embeddings: bool = True  # The output layer is the input embedding table (the paper); False
+  #   gives the output its own [vocab, embed] table (Llama / Qwen3 checkpoints, import_hf).
+  scale_logits: bool = True  # logits = (x / sqrt(d_model)) @ table^T, T5's tied convention (the
+  #   paper); False: x @ table^T, the standard output layer of Llama / Qwen3 checkpoints.
   dropout_rate: float = 0.0  # Dropout on residual branches and attention probabilities (paper: 0.0
   #   pretraining, 0.05 instruction tuning).
   dtype: str = "bfloat16"  # Compute dtype of matmuls and activations.
@@ -104,6 +109,9 @@ class ModelConfig:
       raise ConfigError(
           f"model.mixed_attention='per_head' splits heads into forward and backward halves; "
           f"model.num_heads={self.num_heads} must be even")
+    if not self.v_norm and not self.qkv_norm:
+      raise ConfigError("model.v_norm=False removes the V norm of model.qkv_norm=True; with "
+                        "model.qkv_norm=False there is no V norm to remove (leave v_norm=True)")
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ConfigError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}")
     if self.family == "decllm":

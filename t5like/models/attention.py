@@ -66,7 +66,8 @@ class Attention(nnx.Module):
     if cfg.qkv_norm:
       self.q_norm = RMSNorm((k,), ("kv",), **norm)
       self.k_norm = RMSNorm((k,), ("kv",), **norm)
-      self.v_norm = RMSNorm((k,), ("kv",), **norm)
+      if cfg.v_norm:
+        self.v_norm = RMSNorm((k,), ("kv",), **norm)
     if cfg.attn_out_norm:
       if cfg.attn_out_norm_scope == "per_head":
         self.out_norm = RMSNorm((k,), ("kv",), **norm)
@@ -76,7 +77,7 @@ class Attention(nnx.Module):
   def norm_rope(self, x_bthk: jax.Array, norm: str, pos: jax.Array | Rotary | None):
     """The Q/K/V norm ``norm`` (if ``qkv_norm``), then RoPE by ``pos`` (if any and ``use_rope``)."""
     cfg = self.cfg
-    scale = getattr(self, norm).scale[...] if cfg.qkv_norm else None
+    scale = getattr(self, norm).scale[...] if hasattr(self, norm) else None  # v_norm=False
     rot = as_rotary(pos, cfg.head_dim, cfg.rope_max_wavelength) \
         if self.use_rope and pos is not None else None
     return constrain(self.ops.norm_rope(x_bthk, scale, rot, cfg.norm_eps), QKV_AXES)

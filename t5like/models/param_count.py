@@ -13,7 +13,8 @@ def attention_params(cfg: ModelConfig) -> int:
   d, h, g, k = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
   n = d * h * k + 2 * d * g * k + h * k * d  # Q, K, V, O projections.
   if cfg.qkv_norm:
-    n += 3 * k  # Per-head scales of the Q, K and V norms (shared across heads).
+    n += (3 if cfg.v_norm else 2) * k  # Per-head scales of the Q, K (and V) norms (shared
+    #   across heads).
   if cfg.attn_out_norm:
     n += k if cfg.attn_out_norm_scope == "per_head" else h * k
   return n
@@ -24,9 +25,9 @@ def mlp_params(cfg: ModelConfig) -> int:
 
 
 def analytic_param_count(cfg: ModelConfig) -> int:
-  """Exact parameter count of ``cfg`` from the formulas (tied embedding counted once)."""
+  """Exact parameter count of ``cfg`` from the formulas (a tied embedding counted once)."""
   d = cfg.d_model
-  embedding = cfg.vocab_size * d
+  embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)  # + untied output table.
   self_layer = attention_params(cfg) + mlp_params(cfg) + 2 * d  # + two pre-norms.
   if cfg.family == "decllm":
     return embedding + cfg.num_layers * self_layer + d  # + final norm.

@@ -36,7 +36,8 @@ log = logging.getLogger("t5like.training")
 # on all of them. The others (dtype, dropout, remat, scan, attention masks) may differ.
 ARCH_FIELDS = ("family", "vocab_size", "d_model", "num_heads", "num_kv_heads", "head_dim",
                "d_ff", "num_layers", "num_encoder_layers", "num_decoder_layers", "qkv_norm",
-               "attn_out_norm", "attn_out_norm_scope", "param_dtype")
+               "v_norm", "attn_out_norm", "attn_out_norm_scope", "tie_embeddings",
+               "scale_logits", "param_dtype")
 
 
 def _arch_mismatch(saved: dict | None, cfg: Config) -> list[str]:
@@ -47,8 +48,9 @@ def _arch_mismatch(saved: dict | None, cfg: Config) -> list[str]:
             if (cfg.model.family == "decllm" or f != "num_layers")
             and (cfg.model.family == "redllm" or f not in ("num_encoder_layers",
                                                            "num_decoder_layers"))]
-  return [f"model.{f}: checkpoint {saved['model'].get(f)!r} vs config {now[f]!r}"
-          for f in fields if saved["model"].get(f) != now[f]]
+  default = to_dict(type(cfg.model)())  # Checkpoints from before a field was added: default.
+  return [f"model.{f}: checkpoint {saved['model'].get(f, default[f])!r} vs config {now[f]!r}"
+          for f in fields if saved["model"].get(f, default[f]) != now[f]]
 
 
 def _make_workdir(workdir: str) -> None:

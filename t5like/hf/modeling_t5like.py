@@ -308,10 +308,10 @@ class DecLLMForCausalLM(T5LikePreTrainedModel, GenerationMixin):
   def prepare_inputs_for_generation(self, *args, **kwargs):
     inputs = super().prepare_inputs_for_generation(*args, **kwargs)
     cache = inputs.get("cache", inputs.get("past_key_values"))
-    mask = inputs.get("attention_mask")
     first = cache is None or cache.get_seq_length() == 0
-    if self.config.decoder_attention == "prefix" and first and mask is not None:
-      inputs["prefix_mask"] = mask  # The prompt is the bidirectional prefix.
+    if self.config.decoder_attention == "prefix" and first:  # The prompt is the prefix.
+      mask = inputs.get("attention_mask")  # Left out by generate() where there is no padding.
+      inputs["prefix_mask"] = torch.ones_like(inputs["input_ids"]) if mask is None else mask
     return inputs
 
 

@@ -15,3 +15,7 @@ class T5LikeTokenizer(SentencePieceBackend):
     kwargs.setdefault("legacy", True)  # Plain sp.encode: seqio's ids, spaces as the model has them.
     super().__init__(vocab_file=vocab_file, special_tokens_pattern=special_tokens_pattern,
                      **kwargs)
+
+  def convert_tokens_to_string(self, tokens):
+    """SentencePiece's own decoding: byte pieces (``<0xC3><0xA9>``) join into characters."""
+    return self.sp_model.decode_pieces(list(tokens))

@@ -72,13 +72,19 @@ def decoder_config(hf: dict[str, Any]) -> ModelConfig:
       raise ImportError_(f"{kind} with {flag}=true has no t5like equivalent")
   if hf.get("hidden_act", "silu") != "silu":
     raise ImportError_(f"hidden_act={hf['hidden_act']!r}: t5like's MLP is SwiGLU (silu)")
+  rope_base = _rope_base(hf)
+  need = ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size",
+          "num_hidden_layers", "rms_norm_eps")
+  missing = [k for k in need if k not in hf]
+  if missing:
+    raise ImportError_(f"config.json of a {kind} model lacks {', '.join(missing)}")
   heads = hf["num_attention_heads"]
   return ModelConfig(
       family="decllm", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_heads=heads,
       num_kv_heads=hf.get("num_key_value_heads") or heads,
       head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, d_ff=hf["intermediate_size"],
       num_layers=hf["num_hidden_layers"], qkv_norm=kind == "qwen3", v_norm=kind != "qwen3",
-      rope_max_wavelength=_rope_base(hf), norm_eps=float(hf["rms_norm_eps"]),
+      rope_max_wavelength=rope_base, norm_eps=float(hf["rms_norm_eps"]),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)), scale_logits=False)
 
 

@@ -17,5 +17,13 @@ class T5LikeTokenizer(SentencePieceBackend):
                      **kwargs)
 
   def convert_tokens_to_string(self, tokens):
-    """SentencePiece's own decoding: byte pieces (``<0xC3><0xA9>``) join into characters."""
-    return self.sp_model.decode_pieces(list(tokens))
+    """SentencePiece's own decoding (byte pieces such as ``<0xC3><0xA9>`` join into characters),
+    special tokens kept as their text (``<pad>``, ``</s>``) unless skipped by the caller."""
+    out, run = [], []
+    for token in tokens:
+      if token in self.all_special_tokens:
+        out += [self.sp_model.decode_pieces(run), token]
+        run = []
+      else:
+        run.append(token)
+    return "".join(out + [self.sp_model.decode_pieces(run)])

@@ -181,5 +181,7 @@ def test_tokenizer_ids_are_seqio_vocabularys(tokenizer):
   assert tok(text).input_ids == bos + ids
   assert tok(text, add_special_tokens=False).input_ids == ids
   assert tok.decode(ids) == vocab.decode(ids)
+  assert tok.decode([0] + ids + [1], skip_special_tokens=True) == vocab.decode(ids)
+  assert tok.decode([0]) == "<pad>"  # lm-eval looks for a BOS text to avoid adding a second.
   assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2)
   assert len(tok) == vocab.vocab_size == 8192  # No extra ids.

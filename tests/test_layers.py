@@ -22,6 +22,7 @@ LAYERS = {
     "evaluation": 5,
     "experiments": 6,
     "demo": 7, "tools": 7,  # Entry points (train.py, eval.py, benchmarks/ stand outside).
+    "hf": 7,  # PyTorch code shipped in exported model directories; imports no t5like module.
 }
 # Same-rank imports that would turn the architecture upside down.
 FORBIDDEN_SAME_RANK = {("data", "models"), ("models", "data"), ("data", "partitioning")}

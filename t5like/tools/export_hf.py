@@ -25,10 +25,12 @@ from typing import Any, Sequence
 import numpy as np
 from etils import epath
 
+from t5like import cli, runtime
 from t5like.config import Config
 from t5like.config.model import ModelConfig
 from t5like.config.schema import to_dict
 from t5like.data import vocab as vocab_lib
+from t5like.errors import UserError
 from t5like.tools import hf_layout
 
 HF_SOURCES = pathlib.Path(__file__).resolve().parent.parent / "hf"
@@ -45,7 +47,7 @@ AUTO_MAP = {
 ARCHITECTURES = {"decllm": "DecLLMForCausalLM", "redllm": "RedLLMForConditionalGeneration"}
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
   """A checkpoint or option the export cannot honour; the message says what to do."""
 
 
@@ -157,7 +159,7 @@ def export_checkpoint(workdir: str, output_dir: str, *, step: int | None = None,
                       max_shard_bytes: int = 5 * 10**9) -> epath.Path:
   """Restores ``workdir``'s checkpoint (``step`` or the newest) and exports it."""
   from flax import nnx
-  from t5like.evaluation.checkpoint_eval import restore_model
+  from t5like.training.restore import restore_model
   model, cfg, _ = restore_model(workdir, step=step)
   check_vocabulary(cfg)
   hf_config(cfg.model)  # Refuses what cannot export before anything is written.
@@ -177,17 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  args = build_parser().parse_args(argv)
-  from t5like.config import ConfigError
-  try:
-    out = export_checkpoint(args.workdir, args.output_dir, step=args.step,
-                            max_shard_bytes=args.max_shard_mb * 10**6)
-  except (ExportError, ConfigError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  parser = build_parser()
+  cli.add_debug_argument(parser)
+  args = parser.parse_args(argv)
+  runtime.init_tensorflow()  # Quiet start (the vocabulary helpers sit beside seqio / TF).
+  out = export_checkpoint(args.workdir, args.output_dir, step=args.step,
+                          max_shard_bytes=args.max_shard_mb * 10**6)
   print(out)
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(cli.guard(main))

@@ -25,15 +25,17 @@ from typing import Any, Sequence
 import numpy as np
 from etils import epath
 
-from t5like.config import Config, ConfigError, apply_dict
+from t5like import cli
+from t5like.config import Config, apply_dict
 from t5like.config.model import ModelConfig
 from t5like.config.schema import to_dict
+from t5like.errors import UserError
 from t5like.tools import hf_layout
 
 DECODER_TYPES = ("llama", "qwen3")
 
 
-class ImportError_(ValueError):
+class HFImportError(UserError, ValueError):
   """A directory this import cannot read; the message says why and what would."""
 
 
@@ -46,7 +48,7 @@ def read_tensors(hf_dir: epath.Path) -> dict[str, np.ndarray]:
   elif (hf_dir / "model.safetensors").exists():
     files = ["model.safetensors"]
   else:
-    raise ImportError_(f"{hf_dir} has no model.safetensors (or index); export the weights as "
+    raise HFImportError(f"{hf_dir} has no model.safetensors (or index); export the weights as "
                        "safetensors (save_pretrained(..., safe_serialization=True))")
   out: dict[str, np.ndarray] = {}
   for name in files:
@@ -59,7 +61,7 @@ def _rope_base(hf: dict[str, Any]) -> float:
   scaling = hf.get("rope_scaling") or {}
   kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
   if kind != "default":
-    raise ImportError_(f"rope_type={kind!r} (RoPE scaling) has no t5like equivalent; only plain "
+    raise HFImportError(f"rope_type={kind!r} (RoPE scaling) has no t5like equivalent; only plain "
                        "RoPE imports")
   return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
 
@@ -69,15 +71,15 @@ def decoder_config(hf: dict[str, Any]) -> ModelConfig:
   kind = hf["model_type"]
   for flag in ("attention_bias", "mlp_bias", "use_sliding_window"):
     if hf.get(flag):
-      raise ImportError_(f"{kind} with {flag}=true has no t5like equivalent")
+      raise HFImportError(f"{kind} with {flag}=true has no t5like equivalent")
   if hf.get("hidden_act", "silu") != "silu":
-    raise ImportError_(f"hidden_act={hf['hidden_act']!r}: t5like's MLP is SwiGLU (silu)")
+    raise HFImportError(f"hidden_act={hf['hidden_act']!r}: t5like's MLP is SwiGLU (silu)")
   rope_base = _rope_base(hf)
   need = ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size",
           "num_hidden_layers", "rms_norm_eps")
   missing = [k for k in need if k not in hf]
   if missing:
-    raise ImportError_(f"config.json of a {kind} model lacks {', '.join(missing)}")
+    raise HFImportError(f"config.json of a {kind} model lacks {', '.join(missing)}")
   heads = hf["num_attention_heads"]
   return ModelConfig(
       family="decllm", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_heads=heads,
@@ -94,7 +96,7 @@ def model_config(hf: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**{f: hf[f] for f in hf_layout.MODEL_FIELDS if f in hf})
   if kind in DECODER_TYPES:
     return decoder_config(hf)
-  raise ImportError_(f"model_type={kind!r}: import_hf reads t5like exports and the decoder "
+  raise HFImportError(f"model_type={kind!r}: import_hf reads t5like exports and the decoder "
                      f"layouts {', '.join(DECODER_TYPES)}")
 
 
@@ -103,7 +105,7 @@ def _untied_copy(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, 
   if cfg.tie_embeddings and "lm_head.weight" in tensors:
     tensors = dict(tensors)
     if not np.array_equal(tensors.pop("lm_head.weight"), tensors["model.embed_tokens.weight"]):
-      raise ImportError_("tie_word_embeddings=true but lm_head.weight differs from the embedding")
+      raise HFImportError("tie_word_embeddings=true but lm_head.weight differs from the embedding")
   return tensors
 
 
@@ -133,7 +135,7 @@ def import_dir(hf_dir: str, workdir: str) -> str:
   from t5like.models.param_count import abstract_model
   src = epath.Path(hf_dir)
   if not (src / "config.json").exists():
-    raise ImportError_(f"{hf_dir} has no config.json: not a Hugging Face model directory")
+    raise HFImportError(f"{hf_dir} has no config.json: not a Hugging Face model directory")
   model_cfg = model_config(json.loads((src / "config.json").read_text())).validate()
   cfg = apply_dict(Config(), {"model": to_dict(model_cfg)})
   cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, 1
@@ -148,7 +150,7 @@ def import_dir(hf_dir: str, workdir: str) -> str:
   try:
     params = hf_layout.from_hf(tensors, model_cfg, template)
   except (KeyError, ValueError) as e:
-    raise ImportError_(str(e).strip('"')) from None
+    raise HFImportError(str(e).strip('"')) from None
   return write_checkpoint(cfg, params, workdir)
 
 
@@ -157,15 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                               description=__doc__.split("\n\n")[0])
   p.add_argument("--hf_dir", required=True, help="a Hugging Face model directory (or gs://)")
   p.add_argument("--workdir", required=True, help="where the t5like checkpoint goes")
+  cli.add_debug_argument(p)
   args = p.parse_args(argv)
-  try:
-    out = import_dir(args.hf_dir, args.workdir)
-  except (ImportError_, ConfigError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  print(out)
+  print(import_dir(args.hf_dir, args.workdir))
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(cli.guard(main))

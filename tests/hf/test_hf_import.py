@@ -9,7 +9,8 @@ import pytest
 import torch
 import transformers
 
-from t5like.evaluation.checkpoint_eval import restore_model
+from t5like.training.restore import restore_model
+from t5like import cli
 from t5like.tools import import_hf
 
 LAYOUTS = {
@@ -56,6 +57,7 @@ def test_unsupported_layouts_are_refused(tmp_path):
   (tmp_path / "config.json").write_text(
       '{"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4}, '
       '"num_attention_heads": 4, "hidden_size": 32}')
-  assert import_hf.main(["--hf_dir", str(tmp_path), "--workdir", str(tmp_path / "w")]) == 2
-  with pytest.raises(import_hf.ImportError_, match="attention_bias"):
+  assert cli.guard(import_hf.main, ["--hf_dir", str(tmp_path), "--workdir",
+                                    str(tmp_path / "w")]) == 2
+  with pytest.raises(import_hf.HFImportError, match="attention_bias"):
     import_hf.decoder_config({"model_type": "qwen3", "attention_bias": True})

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokeni
 from hf_helpers import make_export
 from t5like.data import vocab as vocab_lib
 from t5like.data.vocab import get_vocabulary
-from t5like.evaluation.checkpoint_eval import restore_model
+from t5like.training.restore import restore_model
 from t5like.inference import generate
 from t5like.tools import export_hf
 

@@ -10,7 +10,7 @@ import pytest
 
 from hf_helpers import make_export
 from t5like.data.vocab import get_vocabulary
-from t5like.evaluation.checkpoint_eval import restore_model
+from t5like.training.restore import restore_model
 from t5like.evaluation.scoring import option_loglikelihoods
 
 BATCH = 4

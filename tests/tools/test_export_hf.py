@@ -15,7 +15,8 @@ from safetensors import safe_open
 
 from hf_helpers import make_export, tiny_config
 from t5like.data import vocab as vocab_lib
-from t5like.evaluation.checkpoint_eval import restore_model
+from t5like.training.restore import restore_model
+from t5like import cli
 from t5like.tools import export_hf, import_hf
 
 CODE = {"configuration_t5like.py", "modeling_t5like.py", "tokenization_t5like.py"}
@@ -198,11 +199,12 @@ def test_import_of_export_is_bit_identical(exports, tmp_path, family):
 def test_what_cannot_export_or_import_is_a_clean_error(tmp_path, capsys):
   with pytest.raises(export_hf.ExportError, match="mixed_attention"):
     export_hf.hf_config(tiny_config("redllm", mixed_attention="per_head").model)
-  assert export_hf.main(["--workdir", str(tmp_path / "none"), "--output_dir",
-                         str(tmp_path / "out")]) == 2
+  assert cli.guard(export_hf.main, ["--workdir", str(tmp_path / "none"), "--output_dir",
+                                    str(tmp_path / "out")]) == 2
   assert "error: no checkpoint found" in capsys.readouterr().err
   (tmp_path / "gpt2").mkdir()
   (tmp_path / "gpt2" / "config.json").write_text('{"model_type": "gpt2"}')
-  assert import_hf.main(["--hf_dir", str(tmp_path / "gpt2"), "--workdir", str(tmp_path)]) == 2
+  assert cli.guard(import_hf.main, ["--hf_dir", str(tmp_path / "gpt2"), "--workdir",
+                                    str(tmp_path)]) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: model_type='gpt2'") and "llama" in err

@@ -154,6 +154,13 @@ def import_dir(hf_dir: str, workdir: str) -> str:
   return write_checkpoint(cfg, params, workdir)
 
 
+def model_overrides(model_cfg: ModelConfig) -> list[str]:
+  """``--config.model.<field>=<value>`` for every field that differs from the defaults: what a
+  training config needs to fine-tune the imported checkpoint (``train.init_from`` checks it)."""
+  default = to_dict(ModelConfig())
+  return [f"--config.model.{k}={v}" for k, v in to_dict(model_cfg).items() if default[k] != v]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="python -m t5like.tools.import_hf",
                               description=__doc__.split("\n\n")[0])
@@ -161,7 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--workdir", required=True, help="where the t5like checkpoint goes")
   cli.add_debug_argument(p)
   args = p.parse_args(argv)
-  print(import_dir(args.hf_dir, args.workdir))
+  step_dir = import_dir(args.hf_dir, args.workdir)
+  print(step_dir)
+  from t5like.training.restore import load_checkpoint_config
+  cfg = load_checkpoint_config(step_dir)
+  print(f"fine-tune with: --config.train.init_from={args.workdir} "
+        + " ".join(model_overrides(cfg.model)), file=sys.stderr)
   return 0
 
 

@@ -294,7 +294,7 @@ class DecLLMForCausalLM(T5LikePreTrainedModel, GenerationMixin):
     cache = _cache_arg(cache, kwargs)
     out = self.model(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache,
                      prefix_mask)
-    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    cache = out["cache"] if "cache" in out else out.get("past_key_values")
     hidden = out.last_hidden_state
     if logits_to_keep:
       hidden = hidden[:, -logits_to_keep:]

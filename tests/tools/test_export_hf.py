@@ -208,3 +208,24 @@ def test_what_cannot_export_or_import_is_a_clean_error(tmp_path, capsys):
                                     str(tmp_path)]) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: model_type='gpt2'") and "llama" in err
+
+
+def test_an_imported_checkpoint_starts_a_finetuning_run(exports, tmp_path, capsys):
+  """``train.init_from`` takes the imported parameters (with the overrides import_hf prints)."""
+  from t5like.config import Config, apply_overrides
+  from t5like.training import loop
+  from t5like.training.data import SyntheticData
+  _, hf_dir, _, _ = exports["decllm"]
+  imported = tmp_path / "imported"
+  assert cli.guard(import_hf.main, ["--hf_dir", hf_dir, "--workdir", str(imported)]) == 0
+  hint = capsys.readouterr().err.strip().splitlines()[-1]
+  assert hint.startswith(f"fine-tune with: --config.train.init_from={imported} ")
+  cfg = Config()
+  apply_overrides(cfg, [a[len("--config."):] for a in hint.split()[2:]])
+  cfg.data.mixture, cfg.data.sequence_length = "embedded_redpajama", 16
+  cfg.train.steps, cfg.train.batch_size, cfg.train.eval_every = 1, 2, 0
+  cfg.train.progress_bar, cfg.checkpoint.every = False, 0
+  result = loop.run(cfg.validate(), str(tmp_path / "run"), data=SyntheticData(cfg))
+  assert result["step"] == 1
+  with open(tmp_path / "run" / "train.log") as f:
+    assert "initialised parameters from" in f.read()

@@ -83,7 +83,7 @@ def entries(params: dict, cfg: ModelConfig) -> Iterator[tuple[str, str, int | No
     yield hf_name, path, None, "same"
 
 
-def _hf_view(a: np.ndarray, kind: str, d: int) -> np.ndarray:
+def _hf_view(a: np.ndarray, kind: str) -> np.ndarray:
   if kind == "in":
     return a.reshape(a.shape[0], -1).T
   if kind == "out":
@@ -98,7 +98,7 @@ def to_hf(params: dict[str, Any], cfg: ModelConfig) -> dict[str, np.ndarray]:
   out = {}
   for name, path, i, kind in entries(params, cfg):
     a = np.asarray(_get(params, path))
-    out[name] = np.ascontiguousarray(_hf_view(a if i is None else a[i], kind, cfg.d_model))
+    out[name] = np.ascontiguousarray(_hf_view(a if i is None else a[i], kind))
   return out
 
 
@@ -107,7 +107,7 @@ def hf_shapes(template: dict[str, Any], cfg: ModelConfig) -> dict[str, tuple[int
   out = {}
   for name, path, i, kind in entries(template, cfg):
     shape = tuple(_get(template, path).shape)[(0 if i is None else 1):]
-    out[name] = _hf_view(np.empty(shape, np.int8), kind, cfg.d_model).shape
+    out[name] = _hf_view(np.empty(shape, np.int8), kind).shape
   return out
 
 
@@ -131,7 +131,7 @@ def from_hf(tensors: dict[str, np.ndarray], cfg: ModelConfig, template: dict[str
   for name, path, i, kind in entries(template, cfg):
     leaf = _get(out, path)
     target = leaf if i is None else leaf[i]
-    _hf_view(target, kind, cfg.d_model)[...] = tensors[name]  # Views: writes into ``out``.
+    _hf_view(target, kind)[...] = tensors[name]  # Views: writes into ``out``.
   return out
 
 

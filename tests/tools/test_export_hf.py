@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import jax
 import numpy as np
@@ -14,6 +15,9 @@ from flax import nnx
 from safetensors import safe_open
 
 from hf_helpers import make_export, tiny_config
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "training"))
+from test_gcs_emulator import BUCKET, gcs  # noqa: E402,F401  (the emulator fixture)
 from t5like.data import vocab as vocab_lib
 from t5like.training.restore import restore_model
 from t5like import cli
@@ -229,3 +233,16 @@ def test_an_imported_checkpoint_starts_a_finetuning_run(exports, tmp_path, capsy
   assert result["step"] == 1
   with open(tmp_path / "run" / "train.log") as f:
     assert "initialised parameters from" in f.read()
+
+
+def test_export_to_and_import_from_a_bucket(exports, gcs, tmp_path):
+  """``--output_dir gs://...`` and ``--hf_dir gs://...`` (a local GCS emulator)."""
+  from etils import epath
+  workdir, local_dir, params, _ = exports["redllm"]
+  url = f"gs://{BUCKET}/hf/redllm"
+  export_hf.export_checkpoint(workdir, url, max_shard_bytes=200_000)
+  assert sorted(p.name for p in epath.Path(url).iterdir()) == sorted(os.listdir(local_dir))
+  model, _, _ = restore_model(import_hf.import_dir(url, str(tmp_path)))
+  back = jax.tree_util.tree_leaves(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  assert all(np.array_equal(np.asarray(a), b) for a, b in zip(back, jax.tree_util.tree_leaves(
+      params)))

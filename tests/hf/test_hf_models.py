@@ -66,7 +66,12 @@ def test_logits_equal_t5likes(pair):
       kwargs["prefix_mask"] = torch.tensor(prefix)
     want = np.asarray(model(batch))
     with torch.no_grad():
-      got = hf(torch.tensor(tokens, dtype=torch.long), **kwargs).logits.numpy()
+      out = hf(torch.tensor(tokens, dtype=torch.long), labels=torch.tensor(tokens).long(),
+               **kwargs)
+    got = out.logits.numpy()
+    logp = want - np.log(np.exp(want.astype(np.float64)).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1).mean()
+    assert abs(float(out.loss) - nll) <= 1e-4 * nll  # labels = input_ids, shifted inside.
     if kwargs:  # The prefix matters: without it the same rows score otherwise.
       with torch.no_grad():
         causal = hf(torch.tensor(tokens, dtype=torch.long)).logits.numpy()

@@ -97,6 +97,37 @@ def tokenizer_files(family: str) -> dict[str, Any]:
   return {"tokenizer_config.json": config, "special_tokens_map.json": special}
 
 
+def model_card(cfg: ModelConfig) -> str:
+  """README.md of the exported directory: what the model is and how to load and evaluate it."""
+  seq2seq = cfg.family == "redllm"
+  auto = "AutoModelForSeq2SeqLM" if seq2seq else "AutoModelForCausalLM"
+  kind = ("RedLLM, the revisited encoder-decoder of arXiv 2510.26622" if seq2seq else
+          "DecLLM, the decoder-only baseline of arXiv 2510.26622"
+          + (" (bidirectional over the prompt)" if cfg.decoder_attention == "prefix" else ""))
+  return f"""---
+library_name: transformers
+tags: [t5like, {cfg.family}]
+---
+# {cfg.family} exported from t5like
+
+{kind}, trained with t5like and exported by `python -m t5like.tools.export_hf`. The model code
+ships in this directory: load it with `trust_remote_code=True`.
+
+```python
+from transformers import {auto}, AutoTokenizer
+tok = AutoTokenizer.from_pretrained(PATH, trust_remote_code=True)
+model = {auto}.from_pretrained(PATH, trust_remote_code=True)
+```
+
+lm-evaluation-harness: `lm_eval --model hf --model_args pretrained=PATH,trust_remote_code=True\
+{",backend=seq2seq" if seq2seq else ""} --tasks ...`
+
+d_model {cfg.d_model}, {cfg.num_heads} heads ({cfg.kv_heads} key/value), head_dim {cfg.head_dim},
+d_ff {cfg.d_ff}, {f"{cfg.num_encoder_layers} + {cfg.num_decoder_layers}" if seq2seq
+                   else cfg.num_layers} layers, vocabulary {cfg.vocab_size} (SentencePiece).
+"""
+
+
 def _write_json(path: epath.Path, obj: Any) -> None:
   path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
@@ -138,6 +169,7 @@ def export(params: dict[str, Any], cfg: Config, output_dir: str, *,
   out.mkdir(parents=True, exist_ok=True)
   _write_json(out / "config.json", config)
   _write_json(out / "generation_config.json", generation_config(model_cfg))
+  (out / "README.md").write_text(model_card(model_cfg))
   for name in CODE_FILES:
     (out / name).write_text((HF_SOURCES / name).read_text())
   write_weights(tensors, out, max_shard_bytes)

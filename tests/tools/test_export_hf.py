@@ -73,7 +73,10 @@ def test_directory_files_and_config(exports, family):
   _, hf_dir, _, cfg = exports[family]
   files = set(os.listdir(hf_dir))
   weights = {f for f in files if "safetensors" in f}
-  assert files - weights == {"config.json", "generation_config.json"} | CODE | TOKENIZER
+  assert files - weights == {"config.json", "generation_config.json", "README.md"} | CODE | \
+      TOKENIZER
+  card = open(os.path.join(hf_dir, "README.md")).read()
+  assert ("backend=seq2seq" in card) == (family == "redllm") and "trust_remote_code" in card
   if family == "decllm":
     assert weights == {"model.safetensors"}
   else:  # 200 kB shards: several files and their index.

@@ -113,7 +113,7 @@ def _check_vocab(cfg) -> None:
   if not (on_disk or _corpus_of(data.mixture)):
     return  # A user-registered seqio name: its own vocabulary is checked when it is built.
   try:
-    size = vocab.vocab_size(data.vocab_path)
+    size = vocab.vocab_size(data.vocab_path) + data.extra_ids
   except FileNotFoundError as e:
     raise ConfigError(str(e)) from None
   if size != cfg.model.vocab_size:

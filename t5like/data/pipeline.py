@@ -193,10 +193,11 @@ def vocab_mismatch_message(size: int, cfg) -> str:
   extra = cfg.data.extra_ids
   if extra:
     where += f" + data.extra_ids={extra} sentinels"
-  return (f"the data vocabulary {where} has {size} ids but model.vocab_size="
+  return (f"the data vocabulary {where} has {size} {'ids' if extra else 'pieces'} but model.vocab_size="
           f"{cfg.model.vocab_size}: the two must be equal. Point data.vocab_path at a model of "
-          f"{cfg.model.vocab_size} pieces (python -m t5like.tools.build_vocab --vocab_size "
-          f"{cfg.model.vocab_size} ...) or set model.vocab_size={size}")
+          f"{cfg.model.vocab_size - extra} pieces (python -m t5like.tools.build_vocab "
+          f"--vocab_size {cfg.model.vocab_size}{f' --extra_ids {extra}' if extra else ''} ...) "
+          f"or set model.vocab_size={size}")
 
 
 _LIVE: "weakref.WeakSet[DataIterator]" = weakref.WeakSet()

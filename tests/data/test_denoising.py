@@ -137,6 +137,7 @@ def _cfg(make_cfg, redpajama_root, spm_path, objective="span_corruption", **kw):
                      "data.mixture_rates": '{"c4": 0, "common_crawl": 0, "github": 0, '
                                            '"stackexchange": 0}',
                      "data.objective": objective, "data.extra_ids": EXTRA,
+                     "data.vocab_path": spm_path,
                      "model.vocab_size": size, "model.family": "redllm",
                      "data.inputs_length": 32, "data.targets_length": 16, **kw})
 
@@ -235,3 +236,37 @@ def test_ul2_mode_tokens_mixture_rates_and_denoiser_statistics(make_cfg, redpaja
     n_noise, length, n_spans = map(np.array, zip(*noise[mode]))
     assert np.all(np.abs(n_noise / length - density) <= 0.5 / length + 1e-9)
     assert np.sum(n_noise) / np.sum(n_spans) == pytest.approx(mean_span, rel=0.2)
+
+
+def test_build_vocab_reserves_extra_ids_and_the_check_holds_runs_to_them(
+    tmp_path, make_cfg, redpajama_root):
+  import sentencepiece as spm
+
+  from t5like.data import checks
+  from t5like.tools import build_vocab
+  pattern = str(vocab.EMBEDDED_DIR / "flan" / "*" / "devils_dictionary_define" / "train.*")
+  model = build_vocab.main(["--input", pattern, "--field", "inputs,targets", "--vocab_size",
+                            "600", "--extra_ids", "20", "--output_prefix",
+                            str(tmp_path / "spm")])
+  assert spm.SentencePieceProcessor(model_file=str(model)).get_piece_size() == 580
+  assert vocab.recorded_extra_ids(str(model)) == 20
+  assert vocab.get_vocabulary(str(model), extra_ids=20).vocab_size == 600
+  cfg = _cfg(make_cfg, redpajama_root, str(model), **{"data.extra_ids": 20,
+                                                      "model.vocab_size": 600})
+  checks.check_data(cfg, evaluate=False)  # The recorded count and the model size agree.
+  cfg = _cfg(make_cfg, redpajama_root, str(model), **{"data.extra_ids": 30,
+                                                      "model.vocab_size": 610})
+  with pytest.raises(ConfigError, match=r"built with --extra_ids 20 .*config.data.extra_ids=20"):
+    checks.check_data(cfg, evaluate=False)
+
+
+def test_existing_vocabularies_keep_their_size_without_extra_ids(make_cfg, redpajama_root,
+                                                                spm_path):
+  from t5like.data import checks
+  assert vocab.recorded_extra_ids("") is None and vocab.recorded_extra_ids(spm_path) is None
+  size = vocab.vocab_size(spm_path)
+  cfg = make_cfg(**{"data.mixture": "redpajama_v1", "data.data_dir": redpajama_root[0]})
+  assert cfg.data.extra_ids == 0 and cfg.model.vocab_size == size
+  checks.check_data(cfg, evaluate=False)
+  assert vocab.get_vocabulary("").vocab_size == vocab.EMBEDDED_VOCAB_SIZE
+  assert vocab.get_vocabulary("", extra_ids=vocab.T5_EXTRA_IDS).vocab_size == 8292

@@ -270,3 +270,16 @@ def test_existing_vocabularies_keep_their_size_without_extra_ids(make_cfg, redpa
   checks.check_data(cfg, evaluate=False)
   assert vocab.get_vocabulary("").vocab_size == vocab.EMBEDDED_VOCAB_SIZE
   assert vocab.get_vocabulary("", extra_ids=vocab.T5_EXTRA_IDS).vocab_size == 8292
+
+
+def test_extra_eval_sets_use_the_same_vocabulary_with_sentinels(make_cfg, redpajama_root,
+                                                                 spm_path):
+  import json
+  import os
+
+  from t5like.training.data import PipelineData
+  cfg = _cfg(make_cfg, redpajama_root, spm_path, **{
+      "data.extra_eval": json.dumps({"wiki": os.path.join(redpajama_root[1], "wikipedia")})})
+  (name, it), = PipelineData(cfg, check=False).extra_evals(4, 0, 1).items()
+  batch = next(it)
+  assert name == "wiki" and batch["decoder_target_tokens"].max() < cfg.model.vocab_size

@@ -17,7 +17,7 @@ import pytest
 
 from t5like.data import vocab
 from t5like.training.data import PipelineData, unigram_entropy
-from t5like.training.presets import tiny_pretraining
+from t5like.config.presets import tiny_pretraining
 from train_helpers import run_training
 
 FORMS = {  # name -> (family, decoder_attention, loss_on_inputs)

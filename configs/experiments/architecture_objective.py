@@ -3,9 +3,10 @@
 corruption}, every run the same steps of the same rows (128 tokens: decoder rows of 128, or
 encoder + decoder = 128), on the embedded RedPajama sample. A non-causal decoder or an
 encoder-decoder has no full-LM form (its bidirectional part needs an input), so the grid has 7
-cells, as Wang et al.'s, plus T5's shared-parameter encoder-decoder row (2 more). Every run is scored on the same held-out target tokens (the second half
-of each 128-token chunk given the first: the prefix-LM continuation), on the same span-corrupted
-held-out examples, and 0-shot on the shipped tasks."""
+cells, as Wang et al.'s, plus T5's shared-parameter encoder-decoder row (2 more). Every run is
+scored on the same held-out target tokens (the second half of each 128-token chunk given the
+first: the prefix-LM continuation), on the same span-corrupted held-out examples, and 0-shot on
+the shipped tasks."""
 from t5like.config.spans import span_chunk_length
 from t5like.experiments.spec import ExperimentSpec, RunSpec
 

@@ -193,7 +193,8 @@ def vocab_mismatch_message(size: int, cfg) -> str:
   extra = cfg.data.extra_ids
   if extra:
     where += f" + data.extra_ids={extra} sentinels"
-  return (f"the data vocabulary {where} has {size} {'ids' if extra else 'pieces'} but model.vocab_size="
+  unit = "ids" if extra else "pieces"
+  return (f"the data vocabulary {where} has {size} {unit} but model.vocab_size="
           f"{cfg.model.vocab_size}: the two must be equal. Point data.vocab_path at a model of "
           f"{cfg.model.vocab_size - extra} pieces (python -m t5like.tools.build_vocab "
           f"--vocab_size {cfg.model.vocab_size}{f' --extra_ids {extra}' if extra else ''} ...) "

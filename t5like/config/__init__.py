@@ -33,6 +33,11 @@ class Config:
       getattr(self, f.name).validate()
     if self.model.attention_impl == "cudnn":
       self._resolve_cudnn_segments()
+    if self.data.loss_on_inputs and (self.model.family != "decllm"
+                                     or self.model.decoder_attention != "causal"):
+      raise ConfigError("data.loss_on_inputs=True is the causal decoder's full-sequence loss: it "
+                        "needs model.family='decllm' with model.decoder_attention='causal' (a "
+                        "non-causal decoder and RedLLM train on the targets)")
     return self
 
   def _resolve_cudnn_segments(self) -> None:

@@ -7,7 +7,21 @@ import re
 
 from t5like.config.schema import ConfigError, check_choice, check_positive
 
-OBJECTIVES = ("auto", "causal", "prefix", "inputs_targets")
+OBJECTIVES = ("auto", "causal", "prefix", "inputs_targets", "span_corruption", "ul2")
+DENOISING_OBJECTIVES = ("span_corruption", "ul2")
+UL2_MODES = ("r", "x", "s")
+UL2_MODE_TOKENS = len(UL2_MODES)  # Reserved ids taken by the mode tokens (the lowest extra ids).
+
+
+def default_ul2_denoisers() -> dict[str, dict]:
+  """A three-denoiser reading of UL2 (Tay et al. 2022): R (mean span 3, 15 %), X (long spans at
+  high density: mean 32, 50 %), S (prefix LM), mixed 40/40/20."""
+  return {"r": {"mode": "r", "noise_density": 0.15, "mean_noise_span_length": 3.0, "rate": 0.4},
+          "x": {"mode": "x", "noise_density": 0.5, "mean_noise_span_length": 32.0, "rate": 0.4},
+          "s": {"mode": "s", "rate": 0.2}}
+
+
+_DENOISER_KEYS = ("mode", "noise_density", "mean_noise_span_length", "rate")
 PREFIX_SPLITS = ("middle", "random")
 SOURCES = ("jsonl", "tfds")
 BAD_RECORD_POLICIES = ("skip", "error")
@@ -51,7 +65,20 @@ class DataConfig:
   #   each chunk of inputs_length+targets_length tokens into encoder input / decoder target, or
   #   DecLLM prefix LM), "inputs_targets" (instruction tuning on the records' inputs/targets), or
   #   "auto": inputs_targets for FLAN corpora; else causal for DecLLM with causal attention, prefix
-  #   for DecLLM with decoder_attention="prefix" and for RedLLM.
+  #   for DecLLM with decoder_attention="prefix" and for RedLLM; "span_corruption" (T5: spans of
+  #   noise_density / mean_noise_span_length replaced by sentinels; needs data.extra_ids) or "ul2"
+  #   (UL2's mixture of denoisers, data.ul2_denoisers). docs/objectives.md.
+  extra_ids: int = 0  # Sentinel ids appended above the SentencePiece pieces (T5: 100), so
+  #   model.vocab_size = pieces + extra_ids; sentinels count down from the top id. 0 = none (every
+  #   non-denoising run); span_corruption / ul2 need enough for their spans (checked at start).
+  noise_density: float = 0.15  # span_corruption: fraction of each chunk's tokens corrupted.
+  mean_noise_span_length: float = 3.0  # span_corruption: mean length of a corrupted span.
+  ul2_denoisers: dict[str, dict] = dataclasses.field(default_factory=default_ul2_denoisers)
+  #   ul2: name -> {"mode": "r"|"x"|"s", "noise_density", "mean_noise_span_length", "rate"}; each
+  #   becomes a seqio task with its mode token before the inputs, mixed by rate.
+  loss_on_inputs: bool = False  # DecLLM with causal attention on an inputs/targets objective
+  #   (prefix, span_corruption, ul2): also train on the input tokens (Wang et al.'s full-sequence
+  #   loss); False = loss on the targets only.
   pretrain_chunking: str = "stream"  # How pretraining text becomes sequences: "stream" (paper,
   #   T5): documents + EOS concatenated into one stream cut into full sequences of
   #   inputs_length+targets_length (prefix) or sequence_length (causal) tokens, so every RedLLM
@@ -123,7 +150,8 @@ class DataConfig:
             f"data.mixture={name!r} reads the embedded corpus, so data.data_dir / "
             "data.validation_dir would be ignored; use redpajama_v1 or flan to read a corpus on "
             "disk")
-    if self.objective in ("causal", "prefix") and _corpus_of(self.mixture).endswith("flan"):
+    if (self.objective in ("causal", "prefix") + DENOISING_OBJECTIVES
+        and _corpus_of(self.mixture).endswith("flan")):
       raise ConfigError(
           f"data.objective={self.objective!r} needs plain text, but {self.mixture!r} is an "
           "instruction corpus (inputs/targets); use data.objective='inputs_targets' or 'auto'")
@@ -131,6 +159,7 @@ class DataConfig:
       raise ConfigError(
           f"data.objective='inputs_targets' needs inputs/targets records, but {self.mixture!r} "
           "is plain text; use 'causal', 'prefix' or 'auto'")
+    self._check_denoising()
     for key, rate in self.mixture_rates.items():
       if not isinstance(key, str) or not key:
         raise ConfigError(f"data.mixture_rates keys must be non-empty names, got {key!r}")
@@ -139,3 +168,61 @@ class DataConfig:
       if rate < 0:
         raise ConfigError(f"data.mixture_rates[{key!r}] must be >= 0 (0 drops it), got {rate}")
     return self
+
+  def denoisers(self) -> dict[str, dict]:
+    """The objective's span/prefix denoisers: name -> settings ({} for other objectives)."""
+    if self.objective == "span_corruption":
+      return {"span": {"mode": "", "noise_density": self.noise_density,
+                       "mean_noise_span_length": self.mean_noise_span_length, "rate": 1.0}}
+    if self.objective == "ul2":
+      return {name: {"noise_density": 0.15, "mean_noise_span_length": 3.0, "rate": 1.0, **d}
+              for name, d in sorted(self.ul2_denoisers.items())}
+    return {}
+
+  def sentinels_needed(self) -> int:
+    """Reserved ids the objective needs: the most spans of one example (+ UL2's mode tokens)."""
+    from t5like.config.spans import max_sentinels  # pylint: disable=g-import-not-at-top
+
+    need = 0
+    for d in self.denoisers().values():
+      if d["mode"] != "s":
+        lengths = (self.inputs_length - (1 if d["mode"] else 0), self.targets_length)
+        need = max(need, max_sentinels(*lengths, d["noise_density"],
+                                       d["mean_noise_span_length"]))
+    return need + (UL2_MODE_TOKENS if self.objective == "ul2" else 0)
+
+  def _check_denoising(self) -> None:
+    check_positive("data.extra_ids", self.extra_ids, allow_zero=True)
+    if self.objective == "ul2":
+      if not self.ul2_denoisers:
+        raise ConfigError("data.ul2_denoisers is empty; give at least one denoiser")
+      for name, d in self.ul2_denoisers.items():
+        if not re.match(r"^\w+$", str(name)) or not isinstance(d, dict) or (
+            set(d) - set(_DENOISER_KEYS)) or d.get("mode") not in UL2_MODES:
+          raise ConfigError(
+              f"data.ul2_denoisers[{name!r}]={d!r}: expected a name of letters/digits/'_' -> "
+              f"{{\"mode\": one of {UL2_MODES}, \"noise_density\", \"mean_noise_span_length\", "
+              "\"rate\"}")
+    for name, d in self.denoisers().items():
+      where = f"data.ul2_denoisers[{name!r}]" if self.objective == "ul2" else "data"
+      if not 0.0 < d["noise_density"] < 1.0:
+        raise ConfigError(f"{where} noise_density={d['noise_density']} must be in (0, 1)")
+      if d["mean_noise_span_length"] < 1.0:
+        raise ConfigError(f"{where} mean_noise_span_length={d['mean_noise_span_length']} "
+                          "must be >= 1")
+      if not d["rate"] >= 0:
+        raise ConfigError(f"{where} rate={d['rate']} must be >= 0")
+    if self.objective not in DENOISING_OBJECTIVES:
+      return
+    try:
+      need = self.sentinels_needed()
+    except ValueError as e:
+      raise ConfigError(f"data.objective={self.objective!r}: {e}") from None
+    if need > self.extra_ids:
+      raise ConfigError(
+          f"data.objective={self.objective!r} with inputs_length={self.inputs_length}, "
+          f"targets_length={self.targets_length} needs {need} reserved ids (sentinels"
+          f"{' + 3 mode tokens' if self.objective == 'ul2' else ''}) but the vocabulary has "
+          f"data.extra_ids={self.extra_ids}. Set --config.data.extra_ids=100 (T5) or more and "
+          "model.vocab_size to the pieces + extra_ids (the embedded vocabulary: 8192 + 100 = "
+          "8292), or lower data.inputs_length")

@@ -41,6 +41,9 @@ class ModelConfig:
   attn_out_norm_scope: str = "per_head"  # "per_head": RMSNorm over head_dim of each head (our
   #   reading of the paper); "all_heads": RMSNorm over the concatenated heads (num_heads*head_dim).
   rope_max_wavelength: float = 10_000.0  # RoPE base wavelength.
+  shared_encoder_decoder: bool = False  # RedLLM: the decoder layers reuse the encoder layers'
+  #   self-attention, MLP and their pre-norms (T5's "encoder-decoder, shared"); each decoder
+  #   layer keeps its own cross-attention. Needs num_encoder_layers == num_decoder_layers.
   cross_attention_rope: bool = True  # RedLLM: rotate cross-attention queries/keys by their positions.
   continuous_positions: bool = True  # RedLLM: decoder positions continue after the encoder length
   #   (k..k+m-1) instead of restarting at 0. Read by the data pipeline, which makes the positions.
@@ -116,12 +119,19 @@ class ModelConfig:
       raise ConfigError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}")
     if self.family == "decllm":
       check_positive("model.num_layers", self.num_layers)
+      if self.shared_encoder_decoder:
+        raise ConfigError("model.shared_encoder_decoder is a RedLLM option (DecLLM has one stack)")
     else:
       if self.num_encoder_layers < 1 or self.num_decoder_layers < 1:
         raise ConfigError(
             "RedLLM needs at least one encoder and one decoder layer; got "
             f"model.num_encoder_layers={self.num_encoder_layers}, "
             f"model.num_decoder_layers={self.num_decoder_layers}")
+      if self.shared_encoder_decoder and self.num_encoder_layers != self.num_decoder_layers:
+        raise ConfigError(
+            "model.shared_encoder_decoder=True runs decoder layer i with encoder layer i's "
+            f"weights: set model.num_encoder_layers ({self.num_encoder_layers}) equal to "
+            f"model.num_decoder_layers ({self.num_decoder_layers})")
       if self.decoder_attention != "causal":
         raise ConfigError(
             "model.decoder_attention='prefix' is a DecLLM option; RedLLM's encoder is already "

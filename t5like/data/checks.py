@@ -5,8 +5,9 @@ a model is built or compiled, with the path, what was expected and the flag that
   1. the corpus layout under ``data.data_dir`` (and ``data.validation_dir``): root present, at
      least one subset / task, no subset whose shards are all empty; with ``data.source="tfds"``
      on several hosts, a conversion already made once in a shared ``data.tfds_data_dir``;
-  2. the vocabulary: an on-disk corpus needs ``data.vocab_path``, and its size must equal
-     ``model.vocab_size`` (smaller included);
+  2. the vocabulary: an on-disk corpus needs ``data.vocab_path``, and its size plus
+     ``data.extra_ids`` must equal ``model.vocab_size`` (smaller included); a vocabulary whose
+     ``build_vocab`` record names its sentinel count must be used with that ``data.extra_ids``;
   3. validation, when the run evaluates (``train.eval_steps > 0``): every evaluated mixture needs
      a task with a ``validation`` split (validation files, or ``data.validation_holdout``), and
      every ``data.extra_eval`` directory must hold jsonl shards.
@@ -113,9 +114,15 @@ def _check_vocab(cfg) -> None:
   if not (on_disk or _corpus_of(data.mixture)):
     return  # A user-registered seqio name: its own vocabulary is checked when it is built.
   try:
-    size = vocab.vocab_size(data.vocab_path)
+    size = vocab.vocab_size(data.vocab_path) + data.extra_ids
   except FileNotFoundError as e:
     raise ConfigError(str(e)) from None
+  recorded = vocab.recorded_extra_ids(data.vocab_path)
+  if recorded is not None and recorded != data.extra_ids:
+    raise ConfigError(
+        f"the vocabulary {data.vocab_path} was built with --extra_ids {recorded} (its .json "
+        f"record) but data.extra_ids={data.extra_ids}; set --config.data.extra_ids={recorded} "
+        f"and model.vocab_size={size - data.extra_ids + recorded}")
   if size != cfg.model.vocab_size:
     raise ConfigError(pipeline.vocab_mismatch_message(size, cfg))
 

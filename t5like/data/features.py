@@ -78,12 +78,26 @@ def make_converter(family: str, pack: bool = True) -> seqio.FeatureConverter:
   raise ValueError(f"unknown model family {family!r}; expected 'decllm' or 'redllm'")
 
 
+def loss_on_all_tokens(ex: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+  """DecLLM on inputs+targets rows: loss weight 1 on every token (inputs too), 0 on padding."""
+  out = dict(ex)
+  out["decoder_loss_weights"] = tf.cast(ex["decoder_segment_ids"] > 0, tf.int32)
+  return out
+
+
 def convert(ds: tf.data.Dataset, *, family: str, task_lengths: Mapping[str, int],
-            pack: bool = True, continuous_positions: bool = True) -> tf.data.Dataset:
-  """Task examples -> packed model rows (int32 ``[length]`` features, one row per element)."""
+            pack: bool = True, continuous_positions: bool = True,
+            loss_on_inputs: bool = False) -> tf.data.Dataset:
+  """Task examples -> packed model rows (int32 ``[length]`` features, one row per element).
+
+  ``loss_on_inputs`` (DecLLM, inputs/targets tasks): train on the input tokens too (a causal
+  decoder's full-sequence loss, as Wang et al. 2022 compare); otherwise on the targets only.
+  """
   ds = make_converter(family, pack)(ds, dict(task_lengths))
   if not pack:
     ds = ds.map(add_unpacked_segments, num_parallel_calls=tf.data.AUTOTUNE)
+  if loss_on_inputs and family == "decllm" and "inputs" in task_lengths:
+    ds = ds.map(loss_on_all_tokens, num_parallel_calls=tf.data.AUTOTUNE)
   if family == "redllm" and continuous_positions:
     ds = ds.map(continuous_decoder_positions, num_parallel_calls=tf.data.AUTOTUNE)
   return ds.map(lambda ex: {k: tf.cast(v, tf.int32) for k, v in ex.items()},

@@ -28,6 +28,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 from etils import epath
 
+from t5like.config.data import DENOISING_OBJECTIVES
 from t5like.data import features, tasks
 
 def resolve_objective(cfg, mixture: str | None = None) -> str:
@@ -48,6 +49,9 @@ def resolve_objective(cfg, mixture: str | None = None) -> str:
 
       has_inputs = "inputs" in seqio.get_mixture_or_task(name).output_features
       objective = "inputs_targets" if (has_inputs or family == "redllm") else "causal"
+  if objective in DENOISING_OBJECTIVES and kind != "redpajama":
+    raise ValueError(f"data.objective={objective!r} corrupts plain text: it reads the RedPajama "
+                     f"corpora (embedded_redpajama, redpajama_v1), not {name!r}")
   if objective == "causal" and family == "redllm":
     raise ValueError(
         "data.objective='causal' gives no encoder input; RedLLM needs 'prefix' (pretraining) or "
@@ -84,6 +88,9 @@ def resolve_mixture(cfg, mixture: str | None = None) -> str:
     return name
   name = name.split(":", 1)[0]  # A t5like name, without any objective suffix.
   objective = resolve_objective(cfg, name)
+  if objective in DENOISING_OBJECTIVES:
+    from t5like.data import denoise_tasks  # pylint: disable=g-import-not-at-top
+    return denoise_tasks.register(cfg, name)
   variant = ("it" if kind == "flan" else
              "lm" if objective == "causal" else f"prefix_{cfg.data.prefix_split}")
   corpus = name.split(".", 1)[0]
@@ -153,7 +160,8 @@ def make_dataset(cfg, *, split: str = "train", batch_size: int, shard_index: int
       raise ValueError(f"{name} has no {split!r} split (splits: {sorted(provider.splits)})")
     ds = provider.get_dataset(num_epochs=None if repeat else 1, **common)
   ds = features.convert(ds, family=cfg.model.family, task_lengths=lengths, pack=cfg.data.pack,
-                        continuous_positions=cfg.model.continuous_positions)
+                        continuous_positions=cfg.model.continuous_positions,
+                        loss_on_inputs=cfg.data.loss_on_inputs)
   if batched:
     ds = ds.batch(batch_size, drop_remainder=repeat)
     if not repeat:
@@ -182,10 +190,15 @@ def _check_vocab(cfg, provider) -> None:
 
 def vocab_mismatch_message(size: int, cfg) -> str:
   where = cfg.data.vocab_path or "the embedded vocabulary (data.vocab_path='')"
-  return (f"the data vocabulary {where} has {size} pieces but model.vocab_size="
+  extra = cfg.data.extra_ids
+  if extra:
+    where += f" + data.extra_ids={extra} sentinels"
+  unit = "ids" if extra else "pieces"
+  return (f"the data vocabulary {where} has {size} {unit} but model.vocab_size="
           f"{cfg.model.vocab_size}: the two must be equal. Point data.vocab_path at a model of "
-          f"{cfg.model.vocab_size} pieces (python -m t5like.tools.build_vocab --vocab_size "
-          f"{cfg.model.vocab_size} ...) or set model.vocab_size={size}")
+          f"{cfg.model.vocab_size - extra} pieces (python -m t5like.tools.build_vocab "
+          f"--vocab_size {cfg.model.vocab_size}{f' --extra_ids {extra}' if extra else ''} ...) "
+          f"or set model.vocab_size={size}")
 
 
 _LIVE: "weakref.WeakSet[DataIterator]" = weakref.WeakSet()

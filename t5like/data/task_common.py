@@ -34,6 +34,9 @@ class CorpusSpec:
   chunking: str = "document"  # Pretraining chunking: "stream" or "document" (objectives.py).
   flan_grouping: str = "task"  # FLAN: one seqio task per "task" or per "submixture".
   holdout: float = 0.0  # Validation hold-out fraction for parts without validation files.
+  extra_ids: int = 0  # Sentinel ids appended to the vocabulary (seqio extra_ids).
+  denoiser: tuple = ()  # Denoising variants ("span", "ul2_<name>"): (mode, noise_density,
+  #   mean_noise_span_length); mode "" = no mode token, "s" = UL2's prefix-LM denoiser.
 
 
 # seqio task name -> callable(split) returning its good/bad record counts.
@@ -56,17 +59,17 @@ def tfds_dir(spec: CorpusSpec) -> str:
   return spec.tfds_data_dir or default_tfds_dir(spec.name, spec.root)
 
 
-def _vocabulary(path: str):
+def _vocabulary(path: str, extra_ids: int = 0):
   from t5like.data import vocab  # pylint: disable=g-import-not-at-top
 
-  return _cached_vocabulary(str(vocab.resolve_vocab_path(path)))
+  return _cached_vocabulary(str(vocab.resolve_vocab_path(path)), extra_ids)
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_vocabulary(path: str):
+def _cached_vocabulary(path: str, extra_ids: int = 0):
   import seqio  # pylint: disable=g-import-not-at-top
 
-  return seqio.SentencePieceVocabulary(path)
+  return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 
 def check_rate_keys(spec: CorpusSpec, valid: list[str]) -> dict[str, float]:
@@ -88,10 +91,15 @@ def make_task(name: str, source, spec: CorpusSpec):
 
   source = validation.with_holdout(source, spec.holdout,
                                    "inputs" if spec.kind == "flan" else "text")
-  vocabulary = _vocabulary(spec.vocab_path)
+  vocabulary = _vocabulary(spec.vocab_path, spec.extra_ids)
   if spec.kind == "flan":
     features = objectives.output_features(vocabulary, ("inputs", "targets"), add_eos=True)
     preps = objectives.instruction_preprocessors()
+  elif spec.denoiser:
+    from t5like.data import denoising  # pylint: disable=g-import-not-at-top
+
+    features = objectives.output_features(vocabulary, ("inputs", "targets"), add_eos=False)
+    preps = denoising.preprocessors(spec.denoiser, spec.chunking)
   else:
     keys = ("targets",) if spec.variant == "lm" else ("inputs", "targets")
     features = objectives.output_features(vocabulary, keys, add_eos=False)

@@ -162,7 +162,7 @@ def spec_from_config(cfg, name: str, variant: str) -> CorpusSpec:
       source=data.source, tfds_data_dir=data.tfds_data_dir, vocab_path=data.vocab_path,
       shuffle_buffer_size=data.shuffle_buffer_size, bad_records=data.bad_records,
       chunking=data.pretrain_chunking, holdout=data.validation_holdout,
-      flan_grouping=data.flan_grouping)
+      flan_grouping=data.flan_grouping, extra_ids=data.extra_ids)
 
 
 EXTRA_EVAL_PREFIX = "extra_eval_"
@@ -179,7 +179,8 @@ def register_extra_eval(cfg, name: str, directory: str, variant: str) -> str:
   data = cfg.data
   spec = CorpusSpec(kind="redpajama", name=EXTRA_EVAL_PREFIX + name, root=directory, variant=variant,
                     vocab_path=data.vocab_path, shuffle_buffer_size=data.shuffle_buffer_size,
-                    bad_records=data.bad_records, chunking=data.pretrain_chunking)
+                    bad_records=data.bad_records, chunking=data.pretrain_chunking,
+                    extra_ids=data.extra_ids)
   task_name = seqio_name(spec.name, variant)
   key = (spec.name, variant)
   if key in _REGISTERED:

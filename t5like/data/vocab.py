@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 EMBEDDED_DIR = pathlib.Path(__file__).resolve().parent / "embedded"
 EMBEDDED_VOCAB = EMBEDDED_DIR / "spm.model"
 EMBEDDED_VOCAB_SIZE = 8192
+T5_EXTRA_IDS = 100  # T5's sentinel count: with the embedded vocabulary, model.vocab_size = 8292.
 
 PAD_ID = 0
 EOS_ID = 1
@@ -164,6 +165,27 @@ def vocab_size(path: str | os.PathLike = "") -> int:
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
   return spm.SentencePieceProcessor(model_proto=load_model_proto(path)).get_piece_size()
+
+
+def recorded_extra_ids(path: str | os.PathLike = "") -> int | None:
+  """Sentinel ids ``build_vocab --extra_ids`` recorded next to the model (``<prefix>.json``), or
+  None when there is no record (the embedded vocabulary, older or foreign models): then any
+  ``data.extra_ids`` may be appended by seqio."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  from etils import epath  # pylint: disable=g-import-not-at-top
+
+  if not str(path):
+    return None
+  record = epath.Path(str(path)[:-len(".model")] + ".json" if str(path).endswith(".model")
+                      else str(path) + ".json")
+  if not record.is_file():
+    return None
+  try:
+    value = json.loads(record.read_text()).get("extra_ids")
+  except (ValueError, AttributeError):
+    return None
+  return int(value) if isinstance(value, int) else None
 
 
 def get_vocabulary(path: str = "", extra_ids: int = 0) -> "seqio.SentencePieceVocabulary":

@@ -31,6 +31,9 @@ def analytic_param_count(cfg: ModelConfig) -> int:
   self_layer = attention_params(cfg) + mlp_params(cfg) + 2 * d  # + two pre-norms.
   if cfg.family == "decllm":
     return embedding + cfg.num_layers * self_layer + d  # + final norm.
+  if cfg.shared_encoder_decoder:  # Decoder layers own only cross-attention and its pre-norm.
+    return (embedding + cfg.num_encoder_layers * self_layer + d
+            + cfg.num_decoder_layers * (attention_params(cfg) + d) + d)
   cross_layer = 2 * attention_params(cfg) + mlp_params(cfg) + 3 * d
   return (embedding + cfg.num_encoder_layers * self_layer + d
           + cfg.num_decoder_layers * cross_layer + d)

@@ -5,6 +5,10 @@ with continuous positions (decoder position = that example's encoder length + t;
 by decoder positions, keys by encoder positions); extra norm on the attention output; one tied
 embedding for encoder input, decoder input and output.
 
+``model.shared_encoder_decoder`` (T5's "encoder-decoder, shared" row): decoder layer i runs with
+encoder layer i's self-attention, MLP and pre-norms (one copy of those arrays, whose gradients
+sum both uses) and only its cross-attention and that pre-norm of its own (`CrossBlock`).
+
 Input: one seqio EncDec batch — ``encoder_input_tokens``, ``encoder_segment_ids``,
 ``encoder_positions``, ``decoder_input_tokens``, ``decoder_segment_ids``, ``decoder_positions``.
 With packing, ``decoder_positions`` must already be continuous (``t5like.data`` offsets them per
@@ -22,21 +26,49 @@ from flax import nnx
 from t5like import ops as ops_lib
 from t5like.config.model import ModelConfig
 from t5like.models import masks
-from t5like.models.attention import KVCache
+from t5like.models.attention import Attention, KVCache
 from t5like.models.blocks import (CrossContext, EncoderDecoderBlock, SelfAttentionBlock,
-                                  SelfContext)
+                                  SelfContext, layer_mask)
 from t5like.models.decllm import default_positions, self_context
 from t5like.models.embedding import TiedEmbedding
-from t5like.models.layers import dropout, fold
+from t5like.models.layers import constrain, dropout, fold
 from t5like.models.norms import RMSNorm
 from t5like.models.rotary import rotary_table
-from t5like.models.stack import LayerStack
+from t5like.models.stack import LayerStack, remat_policy
 
 
 class Encoded(NamedTuple):
   encoded_bsd: jax.Array  # [batch, enc_length, embed] normalised encoder output.
   positions_bs: jax.Array  # [batch, enc_length] encoder positions.
   segment_ids_bs: jax.Array  # [batch, enc_length] encoder segment ids (0 = padding).
+
+
+class CrossBlock(nnx.Module):
+  """A shared-parameter decoder layer's own weights: cross-attention and its pre-norm."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.rate = cfg.dropout_rate
+    self.pre_cross_attention_norm = RMSNorm((cfg.d_model,), ("embed",), eps=cfg.norm_eps,
+                                            param_dtype=cfg.param_dtype,
+                                            ops=ops_lib.backend(cfg), rngs=rngs)
+    self.cross_attention = Attention(cfg, use_rope=cfg.cross_attention_rope, rngs=rngs)
+
+
+def shared_decoder_layer(enc: SelfAttentionBlock, own: CrossBlock, x_btd: jax.Array, ctx,
+                         layer_idx: jax.Array, rng: jax.Array | None,
+                         cross: CrossContext) -> jax.Array:
+  """`EncoderDecoderBlock` with the self-attention, MLP and their norms taken from ``enc``."""
+  h = enc.pre_attention_norm(x_btd)
+  h, _ = enc.attention(h, h, ctx.rope_bt, ctx.rope_bt, layer_mask(ctx, layer_idx),
+                       causal=ctx.causal, rng=fold(rng, 1))
+  x_btd = x_btd + dropout(h, own.rate, fold(rng, 2))
+  h = own.pre_cross_attention_norm(x_btd)
+  h, _ = own.cross_attention(h, cross.encoded_bsd, ctx.rope_bt, cross.enc_rope_bs,
+                             cross.mask_bhts, rng=fold(rng, 3))
+  x_btd = x_btd + dropout(h, own.rate, fold(rng, 4))
+  h = enc.mlp(enc.pre_mlp_norm(x_btd), rng=fold(rng, 5))
+  x_btd = x_btd + dropout(h, own.rate, fold(rng, 6))
+  return constrain(x_btd, ("batch", "length", "embed"))
 
 
 class RedLLM(nnx.Module):
@@ -50,8 +82,9 @@ class RedLLM(nnx.Module):
     self.encoder = LayerStack(lambda r: SelfAttentionBlock(cfg, rngs=r), cfg.num_encoder_layers,
                               cfg, rngs=rngs)
     self.encoder_norm = norm()
-    self.decoder = LayerStack(lambda r: EncoderDecoderBlock(cfg, rngs=r), cfg.num_decoder_layers,
-                              cfg, rngs=rngs)
+    block = CrossBlock if cfg.shared_encoder_decoder else EncoderDecoderBlock
+    self.decoder = LayerStack(lambda r: block(cfg, rngs=r), cfg.num_decoder_layers, cfg,
+                              rngs=rngs)
     self.decoder_norm = norm()
 
   def encode(self, batch: Mapping[str, jax.Array], *,
@@ -108,12 +141,40 @@ class RedLLM(nnx.Module):
     """The decoder stack's output [batch, dec_length, embed] (and the updated per-layer
     (self, cross) caches)."""
     x_btd = dropout(self.embedding.embed(tokens_bt), self.cfg.dropout_rate, fold(dropout_rng, 3))
+    if self.cfg.shared_encoder_decoder:
+      if cache is not None:
+        raise ValueError("model.shared_encoder_decoder=True has no KV-cache decoding yet; score "
+                         "it by loss (eval.py) or generate with an unshared RedLLM")
+      return self._shared_decoder(x_btd, ctx, fold(dropout_rng, 4), cross), None
     return self.decoder(x_btd, ctx, rng=fold(dropout_rng, 4), cross=cross, cache=cache)
 
   def head(self, x_btd: jax.Array, *, dropout_rng: jax.Array | None = None) -> jax.Array:
     """Final decoder norm and tied output layer: float32 logits [batch, length, vocab]."""
     x_btd = dropout(self.decoder_norm(x_btd), self.cfg.dropout_rate, fold(dropout_rng, 5))
     return self.embedding.logits(x_btd)
+
+  def _shared_decoder(self, x_btd: jax.Array, ctx, rng: jax.Array | None,
+                      cross: CrossContext) -> jax.Array:
+    """The decoder stack when it shares the encoder's layers (scanned or looped like
+    `LayerStack`, over the encoder's and the decoder's own stacked arrays together)."""
+    enc_def, enc_params = nnx.split(self.encoder.layers)
+    own_def, own_params = nnx.split(self.decoder.layers)
+
+    def body(x, xs):
+      enc_p, own_p, i = xs
+      return shared_decoder_layer(nnx.merge(enc_def, enc_p), nnx.merge(own_def, own_p), x, ctx,
+                                  i, fold(rng, i), cross), None
+
+    if self.cfg.remat_policy != "none":
+      body = jax.checkpoint(body, policy=remat_policy(self.cfg.remat_policy),
+                            prevent_cse=not self.cfg.scan_layers)
+    idx = jnp.arange(self.cfg.num_decoder_layers)
+    if self.cfg.scan_layers:
+      return jax.lax.scan(body, x_btd, (enc_params, own_params, idx))[0]
+    for i in range(self.cfg.num_decoder_layers):
+      take = lambda t, i=i: jax.tree.map(lambda a: a[i], t)  # noqa: E731
+      x_btd, _ = body(x_btd, (take(enc_params), take(own_params), idx[i]))
+    return x_btd
 
   def __call__(self, batch: Mapping[str, jax.Array], *,
                dropout_rng: jax.Array | None = None) -> jax.Array:

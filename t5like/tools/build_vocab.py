@@ -9,6 +9,11 @@ then train with ``--config.data.vocab_path=gs://bucket/vocab/spm.model`` (the ru
 records it). The model: unigram, byte fallback (any UTF-8 round-trips), T5 ids pad=0, eos=1, unk=2,
 no BOS, ``nmt_nfkc`` normalisation (`t5like.data.vocab.train_sentencepiece`).
 
+Span corruption / UL2 need sentinel ids: ``--extra_ids 100`` (T5) trains ``vocab_size - 100``
+pieces; seqio appends the 100 ids above them (``data.extra_ids``), so ``model.vocab_size`` stays
+``--vocab_size``. ``<output_prefix>.json`` records ``extra_ids`` and the run's start-up check
+refuses a ``data.extra_ids`` that differs from it.
+
 Sampling with ``--data_dir``: a budget of ``--max_characters`` split over the parts by rate
 (RedPajama subsets: the paper's token counts, as the training mixture; ``--rates`` overrides, e.g.
 '{"github": 0}'; FLAN: equal per task). Each part reads up to ``--docs_per_shard`` documents from
@@ -185,7 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--docs_per_shard", type=int, default=200,
                  help="--data_dir: documents read per shard at most (spreads the sample)")
   p.add_argument("--field", default="text", help="comma-separated json fields to read")
-  p.add_argument("--vocab_size", type=int, default=32768)
+  p.add_argument("--vocab_size", type=int, default=32768,
+                 help="ids in all: SentencePiece pieces + --extra_ids (= model.vocab_size)")
+  p.add_argument("--extra_ids", type=int, default=0,
+                 help="sentinel ids reserved at the top for span corruption / UL2 (T5: 100); "
+                      "the model gets vocab_size - extra_ids pieces and seqio appends the rest")
   p.add_argument("--output_prefix", required=True,
                  help="writes <prefix>.model, .vocab and .json (local path or gs://)")
   p.add_argument("--max_sentences", type=int, default=2_000_000)
@@ -206,7 +215,12 @@ def main(argv: Sequence[str] | None = None) -> str | pathlib.Path:
   runtime.init_tensorflow()
   if bool(args.input) == bool(args.data_dir):
     raise SystemExit("build_vocab: give either --input globs or --data_dir (a corpus root)")
-  record = {"vocab_size": args.vocab_size, "model_type": args.model_type, "byte_fallback": True,
+  if not 0 <= args.extra_ids < args.vocab_size - 259:
+    raise SystemExit(f"build_vocab: --extra_ids={args.extra_ids} must be >= 0 and leave room for "
+                     f"the 259 special and byte pieces in --vocab_size={args.vocab_size}")
+  pieces = args.vocab_size - args.extra_ids
+  record = {"vocab_size": args.vocab_size, "pieces": pieces, "extra_ids": args.extra_ids,
+            "model_type": args.model_type, "byte_fallback": True,
             "ids": {"pad": vocab_lib.PAD_ID, "eos": vocab_lib.EOS_ID, "unk": vocab_lib.UNK_ID,
                     "bos": None}, "normalization": "nmt_nfkc", "seed": args.seed,
             "character_coverage": args.character_coverage}
@@ -235,15 +249,17 @@ def main(argv: Sequence[str] | None = None) -> str | pathlib.Path:
     raise SystemExit(f"build_vocab: no text in {what}")
   record["sample_lines"], record["sample_characters"] = len(lines), sum(map(len, lines))
   print(f"build_vocab: {what}: {len(lines)} lines, {record['sample_characters']} characters -> "
-        f"vocab_size {args.vocab_size}", file=sys.stderr)
+        f"{pieces} pieces + {args.extra_ids} sentinel ids", file=sys.stderr)
   with tempfile.TemporaryDirectory() as tmp:
     model = vocab_lib.train_sentencepiece(
-        iter(lines), pathlib.Path(tmp) / "spm", args.vocab_size, model_type=args.model_type,
+        iter(lines), pathlib.Path(tmp) / "spm", pieces, model_type=args.model_type,
         character_coverage=args.character_coverage, hard_vocab_limit=args.hard_vocab_limit,
         verbose=args.verbose)
     out = _write_outputs(model, args.output_prefix, record)
   print(out)
-  print(f"train with: --config.data.vocab_path={out}", file=sys.stderr)
+  print(f"train with: --config.data.vocab_path={out}"
+        + (f" --config.data.extra_ids={args.extra_ids} --config.model.vocab_size="
+           f"{args.vocab_size}" if args.extra_ids else ""), file=sys.stderr)
   return pathlib.Path(out) if "://" not in out else out
 
 

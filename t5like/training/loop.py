@@ -37,7 +37,7 @@ log = logging.getLogger("t5like.training")
 ARCH_FIELDS = ("family", "vocab_size", "d_model", "num_heads", "num_kv_heads", "head_dim",
                "d_ff", "num_layers", "num_encoder_layers", "num_decoder_layers", "qkv_norm",
                "v_norm", "attn_out_norm", "attn_out_norm_scope", "tie_embeddings",
-               "scale_logits", "param_dtype")
+               "scale_logits", "shared_encoder_decoder", "param_dtype")
 
 
 def _arch_mismatch(saved: dict | None, cfg: Config) -> list[str]:

@@ -206,6 +206,8 @@ def test_import_of_export_is_bit_identical(exports, tmp_path, family):
 def test_what_cannot_export_or_import_is_a_clean_error(tmp_path, capsys):
   with pytest.raises(export_hf.ExportError, match="mixed_attention"):
     export_hf.hf_config(tiny_config("redllm", mixed_attention="per_head").model)
+  with pytest.raises(export_hf.ExportError, match="shared_encoder_decoder"):
+    export_hf.hf_config(tiny_config("redllm", shared_encoder_decoder=True).model)
   assert cli.guard(export_hf.main, ["--workdir", str(tmp_path / "none"), "--output_dir",
                                     str(tmp_path / "out")]) == 2
   assert "error: no checkpoint found" in capsys.readouterr().err

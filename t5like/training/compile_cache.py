@@ -143,6 +143,23 @@ def configure(train: TrainConfig, workdir: str) -> str | None:
   return path
 
 
+def configure_for_eval(path: str, overrides: list[str]) -> str | None:
+  """``eval.py``: the cache of the run it evaluates (its checkpoint's ``train.compile_cache*``,
+  then ``--config.train.compile_cache*`` overrides), by default at ``<path>/compile_cache``."""
+  from t5like.config import Config, apply_overrides
+  from t5like.training import checkpointing
+  cfg = Config()
+  try:
+    saved = checkpointing.read_step_config(checkpointing.resolve_step_dir(path)) or {}
+  except Exception:  # noqa: BLE001 - eval.py reports a missing or unreadable checkpoint itself.
+    saved = {}
+  for key in ("compile_cache", "compile_cache_dir", "compile_cache_min_compile_s"):
+    if key in saved.get("train", {}):
+      setattr(cfg.train, key, type(getattr(cfg.train, key))(saved["train"][key]))
+  apply_overrides(cfg, [o for o in overrides if o.startswith("train.compile_cache")])
+  return configure(cfg.train, path)
+
+
 def turn_off(why: str) -> None:
   """No persistent cache for this process's compiles from here on (``why`` is logged)."""
   if jax.config.jax_enable_compilation_cache:

@@ -90,3 +90,24 @@ def test_start_up_milestones_are_logged_in_order_and_a_restart_restores(tmp_path
                    "imports", "data pipeline ready", "state restored", "compiled", "first step"]
   seconds = [s for _, s in startup.parse((tmp_path / "train.log").read_text())]
   assert seconds[:5] == sorted(seconds[:5]) and seconds[5:] == sorted(seconds[5:])
+
+
+@pytest.mark.slow  # Two eval.py processes.
+def test_eval_py_uses_the_evaluated_runs_cache(tmp_path):
+  cfg = tiny_config(steps=1)
+  cfg.model.vocab_size = 8192  # The embedded vocabulary.
+  cfg.train.compile_cache_min_compile_s = 0.0  # Saved with the checkpoint: eval.py reads it.
+  run(cfg, str(tmp_path / "run"))
+  env = {k: v for k, v in subprocess_env().items()
+         if not k.startswith("JAX_COMPILATION_CACHE") and "PERSISTENT_CACHE" not in k}
+  cache = tmp_path / "run" / "compile_cache"
+  for _ in range(2):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "eval.py"), "--workdir",
+                           str(tmp_path / "run"), "--max_batches", "1", "--no_per_task"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = sorted(os.listdir(cache))
+    if _ == 0:
+      first = written
+  assert any(name.startswith("jit_eval") for name in first)
+  assert written == first  # The second process loaded every program: nothing new was written.

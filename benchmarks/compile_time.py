@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="trace and lower only (no XLA compile): the StableHLO op counts")
   parser.add_argument("--causal_max_blocks", type=int, default=0,
                       help="experiment: query blocks of causal attention "
-                           "(t5like.models.attention.CAUSAL_MAX_BLOCKS; 0 = as shipped)")
+                           "(t5like.ops.xla.CAUSAL_MAX_BLOCKS; 0 = as shipped)")
   args, rest = parser.parse_known_args(argv)
   bad = [r for r in rest if not r.startswith("--config.") or "=" not in r]
   if bad:
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
   from t5like.training import aot
   jax.config.update("jax_enable_compilation_cache", False)  # Cold compiles only.
   if args.causal_max_blocks:  # Experiment only: the model's own constant, set before tracing.
-    from t5like.models import attention
-    attention.CAUSAL_MAX_BLOCKS = args.causal_max_blocks
+    from t5like.ops import xla
+    xla.CAUSAL_MAX_BLOCKS = args.causal_max_blocks
   note = f", CAUSAL_MAX_BLOCKS={args.causal_max_blocks}" if args.causal_max_blocks else ""
   try:
     devices = aot.topology_devices(args.topology)[1] if args.topology else jax.devices()

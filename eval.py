@@ -75,6 +75,8 @@ def _main(argv: list[str]) -> int:
   dist = Config()
   apply_overrides(dist, [o for o in overrides if o.startswith("distributed.")])
   distributed.initialize(dist.distributed)
+  from t5like.training import compile_cache  # The evaluated run's cache (docs/pods.md).
+  compile_cache.configure_for_eval(args.workdir[0], overrides)
   if args.suite:
     return _suite(args, overrides)
   if generation_cli.wants_generation(args):

@@ -32,7 +32,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                       help="print the resolved config as JSON and exit")
   parser.add_argument("--compile_only", action="store_true",
                       help="compile the train and eval steps, print memory per chip, FLOPs and a "
-                           "roofline step time, and exit (nothing is trained or written)")
+                           "roofline step time, and exit (nothing is trained; only the workdir's "
+                           "compilation cache is written)")
   parser.add_argument("--topology", default="",
                       help="with --compile_only: compile for a TPU slice that need not exist "
                            "here, e.g. v5p-128, v5e-256, v6e-64, v5p:4x4x4 (needs libtpu: "
@@ -75,7 +76,8 @@ def _main(argv: list[str]) -> int:
 
 def _compile_only(cfg, args) -> int:
   from t5like.training import aot
-  report = aot.run_compile_only(cfg, args.topology)
+  name = os.path.splitext(os.path.basename(args.config))[0]  # Its compilation cache: the run's.
+  report = aot.run_compile_only(cfg, args.topology, args.workdir or os.path.join("runs", name))
   print(aot.format_report(os.path.splitext(os.path.basename(args.config))[0], report))
   return 0 if report["fits"] else 1
 

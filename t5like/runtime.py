@@ -21,6 +21,13 @@ cuInit`` at error level although nothing is wrong, and importing TensorFlow logs
 and prints every captured line again except those (the CUDA ones only when no driver exists, so
 a real GPU failure is still shown). It then hides GPUs from TensorFlow (as T5X/seqio users do),
 leaving them to JAX. The CLIs call it before anything imports TensorFlow.
+
+libtpu, loaded on a host without TPU chips to compile for a TPU topology ahead of time
+(``train.py --compile_only --topology``), cannot find the TPU VM's metadata and logs ``E0000 ...
+unexpected worker hostname`` at error level although the compile is fine.
+``libtpu_env_for_compile_only`` sets, before libtpu starts, the variables it asks for (the
+accelerator type of the topology compiled for, this host as its only worker) — only where no TPU
+chip is attached and nobody set them already, so a TPU VM's own start-up is untouched.
 """
 from __future__ import annotations
 
@@ -92,6 +99,31 @@ def reexec_with_huge_pages() -> None:
   sys.stderr.flush()
   os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:],
             dict(os.environ, GLIBC_TUNABLES=tunables))
+
+
+GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def has_tpu_chips() -> bool:
+  """Whether a Google TPU is attached to this host (a PCI device of Google's vendor id)."""
+  for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+    try:
+      with open(vendor) as f:
+        if f.read().strip() == GOOGLE_PCI_VENDOR:
+          return True
+    except OSError:
+      continue
+  return False
+
+
+def libtpu_env_for_compile_only(accelerator_type: str) -> None:
+  """Before libtpu loads on a host without TPUs: the variables it would otherwise log errors
+  about (module docstring). ``accelerator_type``: Cloud's name, e.g. v5p-8, v5litepod-4."""
+  if has_tpu_chips():
+    return
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type)
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TPU_WORKER_ID", "0")
 
 
 def has_nvidia_driver() -> bool:

@@ -77,3 +77,16 @@ def test_the_start_up_filter_drops_only_tensorflows_chatter():
   others = ["W0000 00:00:1.0 1 some_op.cc:1] a real warning", "error: the project's own line"]
   assert [l for l in chatter + cuda + others if runtime._shown(l, driver=False)] == others
   assert [l for l in chatter + cuda + others if runtime._shown(l, driver=True)] == cuda + others
+
+
+@pytest.mark.aot
+def test_compile_only_for_a_tpu_topology_prints_no_error_lines(tmp_path):
+  """libtpu on a host without TPUs: no ``E0000 ... unexpected worker hostname`` (runtime.py)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL",)}
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--compile_only",
+                         "--topology", "v5e:2x2"], cwd=tmp_path, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "4 x TPU v5 lite" in proc.stdout
+  assert error_lines(proc.stderr) == []
+  assert "could not determine TPU" not in proc.stderr  # libtpu's own warnings, before its errors.

@@ -71,6 +71,12 @@ class TrainConfig:
   profile_steps: str = ""  # "START:STOP": a jax.profiler trace of the steps that take the state
   #   from step START to step STOP, written under <workdir>/profile (TensorBoard's profile tab;
   #   Perfetto). "" = off. E.g. "10:13" traces three steps after compilation and warm-up.
+  compile_cache: bool = True  # Persistent compilation cache (docs/pods.md): a restart of the same
+  #   config on the same devices and JAX version loads its compiled steps instead of compiling.
+  compile_cache_dir: str = ""  # Where (any URI, gs:// included; shared by all hosts). "" =
+  #   $JAX_COMPILATION_CACHE_DIR if set, else <workdir>/compile_cache.
+  compile_cache_min_compile_s: float = 1.0  # Cache only programs that took at least this long to
+  #   compile (each entry costs a file write/read, a round trip on gs://); 0 = every program.
 
   def validate(self) -> "TrainConfig":
     check_choice("train.schedule", self.schedule, SCHEDULES)
@@ -92,6 +98,8 @@ class TrainConfig:
     check_positive("train.max_nonfinite_steps", self.max_nonfinite_steps)
     check_positive("train.peak_flops_per_device", self.peak_flops_per_device, allow_zero=True)
     self.profile_window()
+    check_positive("train.compile_cache_min_compile_s", self.compile_cache_min_compile_s,
+                   allow_zero=True)
     if not 0.0 < self.adafactor_decay_rate <= 1.0:
       raise ConfigError(
           f"train.adafactor_decay_rate must be in (0, 1], got {self.adafactor_decay_rate}")

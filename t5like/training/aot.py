@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from t5like import partitioning
 from t5like.config import Config, ConfigError
+from t5like.training import compile_cache
 from t5like.training import flops as flops_lib
 from t5like.training import state as state_lib
 from t5like.training import step as step_lib
@@ -101,6 +102,10 @@ def _torus(chips: int, dims: int) -> list[int] | None:
 def topology_devices(name: str) -> tuple[Chip, list[Any]]:
   """Devices of a TPU topology that need not exist (compile only)."""
   chip, topo = parse_topology(name)
+  from t5like import runtime
+  chips = math.prod(int(d) for d in topo.split(":")[1].split("x"))
+  runtime.libtpu_env_for_compile_only(  # Cloud's accelerator names: v5e is "v5litepod".
+      f"{'v5litepod' if chip.name == 'v5e' else chip.name}-{chips * chip.cores_per_chip}")
   try:
     from jax.experimental import topologies
     desc = topologies.get_topology_desc(platform="tpu", topology_name=topo)
@@ -223,7 +228,7 @@ def compile_report(cfg: Config, devices: Sequence[Any] | None = None, *,
   mesh = partitioning.make_mesh(cfg.mesh, devices)
   state_lib.check_batch_layout(cfg, mesh)
   setup = state_lib.build_setup(cfg, mesh)
-  t0 = time.time()
+  t0, cache_before = time.time(), compile_cache.counts()
   batch = abstract_batch(cfg, setup.batch_sharding, cfg.train.batch_size)
   lowered = step_lib.make_train_step(setup).lower(setup.abstract_state, batch)
   report: dict[str, Any] = {
@@ -235,7 +240,7 @@ def compile_report(cfg: Config, devices: Sequence[Any] | None = None, *,
     report["train"] = _refused(e, cfg, setup)
     report["compile_error"] = str(e).splitlines()[0][:300]
     eval_step = False
-  report["compile_s"] = time.time() - t0
+  report["compile_s"] = report["compile_train_s"] = time.time() - t0
   if eval_step:
     rows = cfg.train.eval_batch_size or cfg.train.batch_size
     t1 = time.time()
@@ -243,6 +248,7 @@ def compile_report(cfg: Config, devices: Sequence[Any] | None = None, *,
         setup.abstract_state.params, abstract_batch(cfg, setup.batch_sharding, rows)).compile()
     report["eval"] = memory_per_device(ev)
     report["compile_s"] += time.time() - t1
+  report["compile_cache"] = compile_cache.describe(cache_before)
   hbm = chip.hbm_bytes if chip else device_memory_limit(devices[0])
   peak = chip.peak_flops if chip else flops_lib.peak_flops_per_device(
       cfg.train.peak_flops_per_device, cfg.model.dtype)
@@ -325,7 +331,8 @@ def format_report(name: str, r: dict[str, Any]) -> str:
   t = r["train"]
   lines = [
       f"{name}: {r['num_params'] / 1e6:,.0f}M parameters on {r['devices']} x "
-      f"{r['device_kind']}, mesh {r['mesh']}, compiled in {r['compile_s']:.1f} s",
+      f"{r['device_kind']}, mesh {r['mesh']}, compiled in {r['compile_s']:.1f} s "
+      f"(train step {r['compile_train_s']:.1f} s; {r['compile_cache']})",
       f"  train step per chip: arguments {t['arguments'] / GiB:.2f} GiB, outputs "
       f"{t['outputs'] / GiB:.2f} GiB (aliased {t['aliased'] / GiB:.2f}), temporaries "
       f"{t['temporaries'] / GiB:.2f} GiB -> peak {t['peak'] / GiB:.2f} GiB"]
@@ -352,8 +359,14 @@ def _secs(s: float) -> str:
   return f"{s:.3f} s" if s >= 1 else f"{s * 1e3:.2f} ms"
 
 
-def run_compile_only(cfg: Config, topology: str = "") -> dict[str, Any]:
-  """``train.py --compile_only [--topology T]``: compile, print the report, return it."""
+def run_compile_only(cfg: Config, topology: str = "", workdir: str = "") -> dict[str, Any]:
+  """``train.py --compile_only [--topology T]``: compile, print the report, return it. With a
+  ``workdir``, the run's compilation cache is used (``compile_cache``): a second call loads the
+  compiled steps, and so does the run itself where the devices are the same."""
+  if topology:  # JAX's compile-only TPU client cannot load a cached executable: nothing to gain.
+    compile_cache.turn_off("a --topology compile cannot load cached executables")
+  elif workdir:
+    compile_cache.configure(cfg.train, workdir)
   chip, devices = topology_devices(topology) if topology else (None, None)
   report = compile_report(cfg, devices, chip=chip)
   report["topology"] = topology or "local"

@@ -3,8 +3,10 @@
 Order of work (everything that can be misconfigured fails before anything is compiled):
   1. multi-process start-up, mesh from ``cfg.mesh`` (must use every device), batch divisibility,
      ``train.init_from`` existence, data iterators (missing data fails here);
-  2. abstract sharded state; resume from the newest good checkpoint in the workdir (with its
-     data-iterator position), else parameters from ``train.init_from``, else random init;
+  2. abstract sharded state; the train step starts compiling in a background thread from the
+     abstract shapes (``compile_cache``: a restart loads it instead); meanwhile, resume from the
+     newest good checkpoint in the workdir (with its data-iterator position), else parameters
+     from ``train.init_from``, else random init; start-up milestones logged (``startup``);
   3. steps: global batch assembled from per-host rows, jitted step (donated state), metrics of
      step s fetched after step s+1 is dispatched (keeps the device busy), checkpoints every
      ``checkpoint.every`` steps, held-out eval every ``train.eval_every`` steps;
@@ -24,10 +26,11 @@ from etils import epath
 
 from t5like import partitioning, paths
 from t5like.config import Config, ConfigError, to_dict
-from t5like.training import checkpointing, distributed
+from t5like.training import checkpointing, compile_cache, distributed, startup
 from t5like.training import data as data_lib
 from t5like.training import state as state_lib
 from t5like.training.trainer import NonFiniteError, Trainer  # noqa: F401 - NonFiniteError: API.
+from t5like.training.trainer import compile_ahead
 from t5like.training.trainer import close_iterator as _close_iterator
 
 log = logging.getLogger("t5like.training")
@@ -128,6 +131,7 @@ def run(cfg: Config, workdir: str, *, data: data_lib.DataSource | None = None,
   workdir = paths.resolve(workdir)
   _make_workdir(workdir)
   file_handler = _setup_logging(workdir)
+  compile_cache.configure(cfg.train, workdir)  # Before the first compile.
   try:
     return _run(cfg, workdir, data, step_hook)
   finally:
@@ -139,10 +143,11 @@ def run(cfg: Config, workdir: str, *, data: data_lib.DataSource | None = None,
 
 def _run(cfg: Config, workdir: str, data, step_hook) -> dict[str, Any]:
   t_start = time.time()
+  timeline = startup.Timeline(log)
+  timeline.mark("imports")
   # ---- 1. checks that need no compilation ---------------------------------------------------
   mesh = partitioning.make_mesh(cfg.mesh)
   state_lib.check_batch_layout(cfg, mesh)
-  pid, nproc = jax.process_index(), jax.process_count()
   init_dir = None
   if cfg.train.init_from:
     try:
@@ -157,12 +162,27 @@ def _run(cfg: Config, workdir: str, data, step_hook) -> dict[str, Any]:
     log.warning("instruction-tuning objective without train.init_from: training from a random "
                 "initialisation (set --config.train.init_from=<pretraining workdir>)")
   data = data if data is not None else data_lib.PipelineData(cfg)
+  setup = state_lib.build_setup(cfg, mesh)
+  # The pipeline's batches have known shapes: the train step compiles in the background from here
+  # to the first step, beside opening the data, building or restoring the state, the first batch.
+  ahead = compile_ahead(cfg, setup) if isinstance(data, data_lib.PipelineData) else None
+  try:
+    return _train(cfg, workdir, data, setup, init_dir, step_hook, t_start, timeline, ahead)
+  finally:
+    if ahead is not None:
+      ahead.cancel()  # Nothing once it is done; after an error, no compile nobody will use.
+
+
+def _train(cfg: Config, workdir: str, data, setup, init_dir, step_hook, t_start, timeline,
+           ahead) -> dict[str, Any]:
+  pid, nproc = jax.process_index(), jax.process_count()
   open_data = lambda: _open_train_data(cfg, data, cfg.train.batch_size // nproc, pid,  # noqa
                                        nproc)
   train_iter = open_data()  # Missing / unreadable data fails here, before any state exists.
+  timeline.mark("data pipeline ready")
 
   # ---- 2. abstract sharded state, checkpointer, then restore / init_from / random -------------
-  setup = state_lib.build_setup(cfg, mesh)
+  mesh = setup.mesh
   log.info("%s: %.3fM parameters; mesh %s over %d devices (%d processes); batch %d x %d "
            "microbatches", cfg.model.family, setup.num_params / 1e6, dict(mesh.shape),
            mesh.size, nproc, cfg.train.batch_size, cfg.train.microbatches)
@@ -178,8 +198,9 @@ def _run(cfg: Config, workdir: str, data, step_hook) -> dict[str, Any]:
   try:
     trainer = Trainer(cfg, workdir, data, setup, ckpt, train_iter, open_data, init_dir=init_dir,
                       arch_mismatch=lambda saved: _arch_mismatch(saved, cfg),
-                      step_hook=step_hook, t_start=t_start)
+                      step_hook=step_hook, t_start=t_start, timeline=timeline, ahead=ahead)
     trainer.restore()
+    timeline.mark("state restored" if trainer.resumed_from is not None else "state built")
     # ---- 3.-4. steps, evals, checkpoints; final eval and checkpoint ---------------------------
     preemption = _Preemption()
     try:

@@ -17,7 +17,7 @@ from t5like.config import Config, ConfigError, to_dict
 from t5like.errors import UserError
 from t5like.ops import cudnn_packed
 from t5like.training.held_out import held_out_metrics, pad_rows
-from t5like.training import aot, checkpointing
+from t5like.training import aot, checkpointing, compile_cache, startup
 from t5like.training import data as data_lib
 from t5like.training import held_out
 from t5like.training import flops as flops_lib
@@ -39,6 +39,38 @@ def close_iterator(iterator) -> None:
     iterator.close()
 
 
+def _same_layout(abstract, real) -> bool:
+  """Whether arrays ``real`` have the shapes, dtypes and shardings of ``abstract`` (then a step
+  compiled for ``abstract`` runs on them)."""
+  a, r = jax.tree.leaves(abstract), jax.tree.leaves(real)
+  return jax.tree.structure(abstract) == jax.tree.structure(real) and all(
+      x.shape == y.shape and x.dtype == y.dtype
+      and getattr(x, "sharding", None) is not None
+      and x.sharding.is_equivalent_to(y.sharding, len(x.shape)) for x, y in zip(a, r))
+
+
+def lower_and_compile(cfg: Config, setup: state_lib.TrainSetup, train_step, state, batch,
+                      cancelled: Callable[[], bool] = lambda: False):
+  """(the train step compiled for ``state`` and ``batch`` with its memory checked, seconds); None
+  instead of compiling once ``cancelled()``."""
+  t0 = time.time()
+  lowered = train_step.lower(state, batch)
+  if cancelled():
+    return None
+  return aot.compile_checked(cfg, setup, lowered), time.time() - t0
+
+
+def compile_ahead(cfg: Config, setup: state_lib.TrainSetup) -> startup.Background:
+  """Starts compiling the train step from the abstract state and the data pipeline's batch shapes
+  in a background thread, so that opening the data, building or restoring the state and reading
+  the first batch overlap the compile; hand it to ``Trainer(ahead=...)``."""
+  batch = aot.abstract_batch(cfg, setup.batch_sharding, cfg.train.batch_size)
+  return startup.Background(
+      lambda cancelled: (batch, lower_and_compile(cfg, setup, step_lib.make_train_step(setup),
+                                                  setup.abstract_state, batch, cancelled)),
+      "compile-train-step")
+
+
 class Trainer:
   """Holds the state of one run (train state, data iterator, checkpointer, metrics)."""
 
@@ -46,8 +78,11 @@ class Trainer:
                setup: state_lib.TrainSetup, ckpt: checkpointing.Checkpointer, train_iter: Any,
                open_train_data: Callable[[], Any], *, init_dir: str | None = None,
                arch_mismatch: Callable[[dict], list[str]] = lambda saved: [],
-               step_hook: Callable[[int, Any], None] | None = None, t_start: float = 0.0):
+               step_hook: Callable[[int, Any], None] | None = None, t_start: float = 0.0,
+               timeline: startup.Timeline | None = None,
+               ahead: startup.Background | None = None):
     self.t_start = t_start or time.time()
+    self.timeline = timeline
     self.cfg, self.workdir, self.data, self.setup, self.ckpt = cfg, workdir, data, setup, ckpt
     self._open_train_data, self.init_dir = open_train_data, init_dir
     self._arch_mismatch, self.step_hook = arch_mismatch, step_hook
@@ -64,6 +99,10 @@ class Trainer:
     self.last_eval: dict[str, float] = {}
     self.writer: MetricsWriter | None = None
     self._compiled_step = None  # The train step compiled for this run's shapes (``step``).
+    self._ahead = ahead  # Its compile from the abstract shapes, started by ``compile_ahead``.
+    self._train_step = step_lib.make_train_step(setup)
+    self._eval_step = step_lib.make_eval_step(setup)
+    self._check_finite = jax.jit(state_lib.all_finite, out_shardings=setup.replicated)
 
   # ---- restore ---------------------------------------------------------------------------------
   def restore(self) -> None:
@@ -159,10 +198,13 @@ class Trainer:
       self.flops_per_step = flops_lib.train_flops(self.cfg.model, self.cfg.train.batch_size,
                                                   dec_len, enc_len)
       self.tokens_per_step = self.cfg.train.batch_size * (dec_len + enc_len)
-    if self._compiled_step is None:  # Compiled ahead of the first step: memory checked first.
-      self._compiled_step = aot.compile_checked(self.cfg, self.setup,
-                                                self._train_step.lower(self.state, batch))
+    first = self._compiled_step is None
+    if first:  # Compiled before the first step runs: memory checked first.
+      self._compiled_step = self._compile(batch)
     self.state, metrics = self._compiled_step(self.state, batch)
+    if first and self.timeline is not None:
+      jax.block_until_ready(metrics)
+      self.timeline.mark("first step")
     return metrics
 
   def _checked(self, local: dict) -> dict:
@@ -171,6 +213,34 @@ class Trainer:
     if self.cfg.model.attention_impl == "cudnn":
       cudnn_packed.check_batch(self.cfg.model.max_segments_per_row, local)
     return local
+
+  # ---- compile ---------------------------------------------------------------------------------
+  def _lower_and_compile(self, state, batch):
+    return lower_and_compile(self.cfg, self.setup, self._train_step, state, batch)
+
+  def _compile(self, batch):
+    """The train step compiled for ``batch`` and the state: the ahead-of-time compile when its
+    abstract shapes are the real ones, else compiled now."""
+    ahead, self._ahead = self._ahead, None
+    if ahead is not None:
+      abstract, (compiled, secs) = ahead.result()
+      if _same_layout(abstract, batch) and _same_layout(self.setup.abstract_state, self.state):
+        self._mark_compiled(secs, overlapped=True)
+        return compiled
+      log.info("the batch or state differs from the shapes compiled ahead; compiling again")
+    compiled, secs = self._lower_and_compile(self.state, batch)
+    self._mark_compiled(secs, overlapped=False)
+    return compiled
+
+  def _mark_compiled(self, secs: float, overlapped: bool) -> None:
+    cache = compile_cache.describe()  # This run's compiles so far.
+    detail = (f"train step lowered and compiled in {secs:.1f} s"
+              f"{' (in the background, beside the state and data)' if overlapped else ''}; "
+              f"{cache}")
+    if self.timeline is not None:
+      self.timeline.mark("compiled", detail)
+    else:
+      log.info("%s", detail)
 
   def _consume(self, step: int, metrics) -> None:
     """Host side of a finished step: non-finite guard, logging, progress bar."""
@@ -204,9 +274,6 @@ class Trainer:
     """Steps to ``train.steps`` (saving, evaluating on schedule; stopping early at a preemption
     point after a checkpoint) and returns the final metrics."""
     cfg = self.cfg
-    self._train_step = step_lib.make_train_step(self.setup)
-    self._eval_step = step_lib.make_eval_step(self.setup)
-    self._check_finite = jax.jit(state_lib.all_finite, out_shardings=self.setup.replicated)
     step = start = int(jax.device_get(self.state.step))
     total = cfg.train.steps
     self.writer = MetricsWriter(self.workdir, total_steps=total, start_step=start,

@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from t5like.config import load_config
+from t5like.training import startup
 from t5like.training.data import PipelineData, unigram_entropy
 from test_quiet_startup import error_lines
 from train_helpers import REPO, read_metrics, run_training, subprocess_env
@@ -65,6 +66,8 @@ def test_loss_falls_well_below_unigram_entropy(name, steps, tmp_path):
   assert 6.0 < entropy < 8.0  # ~6.8 nats for the 8k SentencePiece vocab on this corpus.
   proc = _train_py(name, overrides, str(tmp_path))
   assert error_lines(proc.stderr) == []  # A CPU run starts (and trains) quietly.
+  assert [name for name, _ in startup.parse(proc.stderr)] == [  # Where start-up time went.
+      "imports", "data pipeline ready", "state built", "compiled", "first step"]
   metrics = read_metrics(str(tmp_path))
   assert metrics[0]["loss"] > entropy  # It starts above the unigram baseline (random init)...
   (final,) = [m for m in metrics if "eval_loss" in m]  # eval_every=0: one eval, at the end.

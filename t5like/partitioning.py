@@ -12,6 +12,7 @@ heads      tensor               attention heads split for tensor parallelism
 mlp        tensor               SwiGLU hidden units split for tensor parallelism
 vocab      tensor               embedding rows / logits split for tensor parallelism
 kv, length, layers  replicated  head_dim, sequence and the scanned layer axis stay whole
+expert     replicated           MoE experts (routed-expert weights, router columns, its bias)
 =========  ===================  ==============================================================
 
 A mesh axis is used at most once per array: on activations ``batch`` takes ``fsdp`` first, so
@@ -44,6 +45,7 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv", None),
     ("length", None),
     ("layers", None),
+    ("expert", None),
 )
 
 

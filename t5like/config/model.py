@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from t5like.config.moe import MoEConfig, check_layer_counts
 from t5like.config.schema import ConfigError, check_choice, check_positive
 
 FAMILIES = ("decllm", "redllm")
@@ -76,6 +77,8 @@ class ModelConfig:
   #   TPU/GPU: "xla"), "reference" (the plain einsum / jax.nn forms), "xla", "xla_cpu" or
   #   "cpu_kernels". Chosen once where the model is built and logged (t5like/ops/__init__.py,
   #   which also documents the T5LIKE_OPS / T5LIKE_CPU_KERNELS=0 environment overrides).
+  moe: MoEConfig = dataclasses.field(default_factory=MoEConfig)  # Mixture-of-experts FFNs
+  #   (docs/moe.md); off by default (moe.num_experts = 0).
 
   @property
   def kv_heads(self) -> int:
@@ -91,6 +94,9 @@ class ModelConfig:
     check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
     check_choice("model.ops", self.ops, OPS)
     self._check_attention_impl()
+    self.moe.validate()
+    check_layer_counts(self.moe, self.family, self.num_layers if self.family == "decllm" else
+                       self.num_decoder_layers, self.num_encoder_layers)
     check_choice("model.param_dtype", self.param_dtype, DTYPES)
     for name in ("vocab_size", "d_model", "num_heads", "head_dim", "d_ff"):
       check_positive(f"model.{name}", getattr(self, name))

@@ -95,6 +95,9 @@ class ModelConfig:
     check_choice("model.ops", self.ops, OPS)
     self._check_attention_impl()
     self.moe.validate()
+    if self.moe.enabled and self.shared_encoder_decoder:
+      raise ConfigError("model.moe with model.shared_encoder_decoder=True is not supported yet; "
+                        "set model.moe.num_experts=0 or model.shared_encoder_decoder=False")
     check_layer_counts(self.moe, self.family, self.num_layers if self.family == "decllm" else
                        self.num_decoder_layers, self.num_encoder_layers)
     check_choice("model.param_dtype", self.param_dtype, DTYPES)

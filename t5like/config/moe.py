@@ -99,3 +99,26 @@ def check_layer_counts(moe: MoEConfig, family: str, dec_layers: int, enc_layers:
     raise ConfigError("model.moe.num_experts > 0 but no layer is MoE: check "
                       "model.moe.decoder_layers / encoder_layers and the *_first_dense counts "
                       "(or set model.moe.num_experts=0 for a dense model)")
+
+
+def stack_moe_flags(moe: MoEConfig, stack: str, num_layers: int) -> tuple[bool, ...]:
+  """Per layer of the ``stack`` ("decoder": DecLLM's layers or RedLLM's decoder; "encoder"),
+  whether it is MoE (all False when MoE is off)."""
+  if not moe.enabled:
+    return (False,) * num_layers
+  return moe_layer_flags(num_layers, getattr(moe, f"{stack}_layers"),
+                         getattr(moe, f"{stack}_first_dense"))
+
+
+def paper_moe(d_ff: int) -> MoEConfig:
+  """The paper-scale MoE feed-forward at the dense model's active width (docs/moe.md).
+
+  DeepSeek-V3's recipe, scaled down: many fine-grained routed experts plus one shared expert,
+  the first layer of each stack dense, device-limited (group) routing. 64 routed experts of width
+  d_ff / 8, top-7, plus 1 shared: (7 + 1) * d_ff / 8 = d_ff hidden units per token, the dense
+  model's, so active parameters match the paper's dense sizes; 8 groups (one per expert-parallel
+  shard at expert=8), top-4 groups per token. Each MoE layer holds 65 / 8 = 8.1x the dense FFN.
+  """
+  return MoEConfig(num_experts=64, num_shared_experts=1, top_k=7, expert_d_ff=d_ff // 8,
+                   num_groups=8, top_groups=4, routed_scaling=1.0, decoder_first_dense=1,
+                   encoder_first_dense=1, bias_update_rate=1e-3, balance_loss=1e-4)

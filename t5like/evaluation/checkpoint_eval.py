@@ -46,7 +46,8 @@ def evaluate_checkpoint(path: str, *, step: int | None = None, overrides: Sequen
   mesh = partitioning.make_mesh(cfg.mesh)
   setup = state_lib.build_setup(cfg, mesh)
   params = checkpointing.restore_params(step_dir, setup.abstract_state.params)
-  eval_step = step_lib.make_eval_step(setup)
+  biases = checkpointing.restore_model_state(step_dir, setup.abstract_state.model_state)
+  eval_step = step_lib.bind_model_state(step_lib.make_eval_step(setup), biases)
   pid, nproc = jax.process_index(), jax.process_count()
   rows = cfg.train.eval_batch_size or cfg.train.batch_size
   if rows % nproc:

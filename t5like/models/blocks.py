@@ -14,6 +14,7 @@ from t5like.models.attention import Attention, KVCache
 from t5like.models.layers import constrain, dropout, fold
 from t5like.models.masks import MaskSpec
 from t5like.models.mlp import SwiGLU
+from t5like.models.moe import MoEFeedForward
 from t5like.models.norms import RMSNorm
 from t5like.models.rotary import Rotary
 
@@ -27,6 +28,7 @@ class SelfContext(NamedTuple):
   causal: bool = False  # The masks allow no key after its query (the core skips those blocks).
   cache_index: jax.Array | int = 0  # With a KV cache: the slot of this call's first token (the
   #   masks are then over the cache's slots).
+  valid_bt: jax.Array | None = None  # [batch, length] real (non-padding) tokens, for MoE loads.
 
 
 class CrossContext(NamedTuple):
@@ -45,20 +47,25 @@ def layer_mask(ctx: SelfContext, layer_idx: jax.Array) -> jax.Array | MaskSpec:
   return jnp.where(layer_idx % 2 == 1, ctx.mask_bwd, ctx.mask_fwd)
 
 
+def _mlp(cfg: ModelConfig, moe: bool, rngs: nnx.Rngs) -> SwiGLU | MoEFeedForward:
+  return MoEFeedForward(cfg, rngs=rngs) if moe else SwiGLU(cfg, rngs=rngs)
+
+
 def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> RMSNorm:
   return RMSNorm((cfg.d_model,), ("embed",), eps=cfg.norm_eps, param_dtype=cfg.param_dtype,
                  ops=ops_lib.backend(cfg), rngs=rngs)
 
 
 class SelfAttentionBlock(nnx.Module):
-  """x + Attn(Norm(x)); x + MLP(Norm(x)). ``cache``: the self-attention's ``KVCache``."""
+  """x + Attn(Norm(x)); x + MLP(Norm(x)) (a mixture of experts when ``moe``). ``cache``: the
+  self-attention's ``KVCache``."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, moe: bool = False):
     self.rate = cfg.dropout_rate
     self.pre_attention_norm = _norm(cfg, rngs)
     self.attention = Attention(cfg, rngs=rngs)
     self.pre_mlp_norm = _norm(cfg, rngs)
-    self.mlp = SwiGLU(cfg, rngs=rngs)
+    self.mlp = _mlp(cfg, moe, rngs)
 
   def __call__(self, x_btd: jax.Array, ctx: SelfContext, layer_idx: jax.Array,
                rng: jax.Array | None, cross: CrossContext | None = None,
@@ -69,7 +76,7 @@ class SelfAttentionBlock(nnx.Module):
                               causal=ctx.causal, rng=fold(rng, 1), cache=cache,
                               cache_index=ctx.cache_index)
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 2))
-    h = self.mlp(self.pre_mlp_norm(x_btd), rng=fold(rng, 3))
+    h = self.mlp(self.pre_mlp_norm(x_btd), ctx.valid_bt, rng=fold(rng, 3))
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 4))
     return constrain(x_btd, ("batch", "length", "embed")), cache
 
@@ -78,14 +85,14 @@ class EncoderDecoderBlock(nnx.Module):
   """RedLLM decoder layer: causal self-attention, cross-attention to the encoder, MLP.
   ``cache``: (self-attention ``KVCache``, cross-attention ``KVCache``)."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, moe: bool = False):
     self.rate = cfg.dropout_rate
     self.pre_self_attention_norm = _norm(cfg, rngs)
     self.self_attention = Attention(cfg, rngs=rngs)
     self.pre_cross_attention_norm = _norm(cfg, rngs)
     self.cross_attention = Attention(cfg, use_rope=cfg.cross_attention_rope, rngs=rngs)
     self.pre_mlp_norm = _norm(cfg, rngs)
-    self.mlp = SwiGLU(cfg, rngs=rngs)
+    self.mlp = _mlp(cfg, moe, rngs)
 
   def __call__(self, x_btd: jax.Array, ctx: SelfContext, layer_idx: jax.Array,
                rng: jax.Array | None, cross: CrossContext | None = None,
@@ -103,7 +110,7 @@ class EncoderDecoderBlock(nnx.Module):
     h, cross_cache = self.cross_attention(h, cross.encoded_bsd, ctx.rope_bt, cross.enc_rope_bs,
                                           cross.mask_bhts, rng=fold(rng, 3), cache=cross_cache)
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 4))
-    h = self.mlp(self.pre_mlp_norm(x_btd), rng=fold(rng, 5))
+    h = self.mlp(self.pre_mlp_norm(x_btd), ctx.valid_bt, rng=fold(rng, 5))
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 6))
     cache = None if cache is None else (self_cache, cross_cache)
     return constrain(x_btd, ("batch", "length", "embed")), cache

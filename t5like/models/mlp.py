@@ -19,7 +19,9 @@ class SwiGLU(nnx.Module):
     self.wi_up = param(rngs, fan_in_init(d), (d, f), ("embed", "mlp"), cfg.param_dtype)
     self.wo = param(rngs, fan_in_init(f), (f, d), ("mlp", "embed"), cfg.param_dtype)
 
-  def __call__(self, x_btd: jax.Array, *, rng: jax.Array | None = None) -> jax.Array:
+  def __call__(self, x_btd: jax.Array, valid_bt: jax.Array | None = None, *,
+               rng: jax.Array | None = None) -> jax.Array:
+    del valid_bt  # Which tokens are real matters to MoE routing only (t5like/models/moe.py).
     x = x_btd.astype(dtype(self.cfg.dtype))
     gate_btf = self.ops.dense(x, self.wi_gate[...])  # btd,df->btf
     up_btf = self.ops.dense(x, self.wi_up[...])

@@ -204,3 +204,28 @@ class MoEFeedForward(nnx.Module):
       valid_bt = jnp.ones((b, t), jnp.bool_)
     self.stats = nnx.Intermediate(routing_stats(logits_bte, scores_bte, idx_btk, valid_bt))
     return y_btd.astype(dt)
+
+
+# Where a layer stack keeps its MoE layers' bias, below the stack's own path.
+BIAS_PATH = ("layers", "mlp", "router", "bias")
+
+
+def pop_layer_stats(model: nnx.Module) -> dict[tuple, MoEStats]:
+  """{path of a layer stack: ``MoEStats`` of its MoE layers, [layers] leading}, taken off the
+  model (recorded by a forward pass traced under ``collect_stats``). The stack's biases live at
+  ``path + BIAS_PATH``."""
+  popped = nnx.pop(model, nnx.Intermediate)
+  return {tuple(path[:-1]): var.get_value() for path, var in nnx.to_flat_state(popped)}
+
+
+def moe_layer_names(model: nnx.Module) -> dict[tuple, list[str]]:
+  """{path of a layer stack with MoE layers: '<encoder|decoder>/<layer index>' of each}."""
+  out = {}
+  for path, _ in nnx.to_flat_state(nnx.state(model, RouterBias)):
+    stack_path = tuple(path[:-len(BIAS_PATH)])
+    stack = model
+    for key in stack_path:
+      stack = stack[key] if isinstance(key, int) else getattr(stack, key)
+    out[stack_path] = [f"{stack_path[0]}/{stack.first_index + i}"
+                       for i in range(stack.num_layers)]
+  return out

@@ -25,16 +25,17 @@ from flax import nnx
 
 from t5like import ops as ops_lib
 from t5like.config.model import ModelConfig
+from t5like.config.moe import stack_moe_flags
 from t5like.models import masks
 from t5like.models.attention import Attention, KVCache
 from t5like.models.blocks import (CrossContext, EncoderDecoderBlock, SelfAttentionBlock,
                                   SelfContext, layer_mask)
-from t5like.models.decllm import default_positions, self_context
+from t5like.models.decllm import default_positions, real_tokens, self_context
 from t5like.models.embedding import TiedEmbedding
 from t5like.models.layers import constrain, dropout, fold
 from t5like.models.norms import RMSNorm
 from t5like.models.rotary import rotary_table
-from t5like.models.stack import LayerStack, remat_policy
+from t5like.models.stack import LayerStack, build_stack, remat_policy
 
 
 class Encoded(NamedTuple):
@@ -79,12 +80,17 @@ class RedLLM(nnx.Module):
     norm = lambda: RMSNorm((cfg.d_model,), ("embed",), eps=cfg.norm_eps,  # noqa: E731
                            param_dtype=cfg.param_dtype, ops=ops_lib.backend(cfg), rngs=rngs)
     self.embedding = TiedEmbedding(cfg, rngs=rngs)
-    self.encoder = LayerStack(lambda r: SelfAttentionBlock(cfg, rngs=r), cfg.num_encoder_layers,
-                              cfg, rngs=rngs)
+    enc = stack_moe_flags(cfg.moe, "encoder", cfg.num_encoder_layers)
+    dec = stack_moe_flags(cfg.moe, "decoder", cfg.num_decoder_layers)
+    self.encoder = build_stack(lambda r, moe: SelfAttentionBlock(cfg, rngs=r, moe=moe), enc, cfg,
+                               rngs=rngs)
     self.encoder_norm = norm()
-    block = CrossBlock if cfg.shared_encoder_decoder else EncoderDecoderBlock
-    self.decoder = LayerStack(lambda r: block(cfg, rngs=r), cfg.num_decoder_layers, cfg,
-                              rngs=rngs)
+    if cfg.shared_encoder_decoder:  # Decoder layers: cross-attention only (no MoE with this).
+      self.decoder = LayerStack(lambda r: CrossBlock(cfg, rngs=r), cfg.num_decoder_layers, cfg,
+                                rngs=rngs)
+    else:
+      self.decoder = build_stack(lambda r, moe: EncoderDecoderBlock(cfg, rngs=r, moe=moe), dec,
+                                 cfg, rngs=rngs)
     self.decoder_norm = norm()
 
   def encode(self, batch: Mapping[str, jax.Array], *,
@@ -122,7 +128,8 @@ class RedLLM(nnx.Module):
     segment_ids_bt = batch.get("decoder_segment_ids")
     if segment_ids_bt is None:
       segment_ids_bt = jnp.ones_like(tokens_bt)
-    ctx = self_context(cfg, segment_ids_bt, self.decoder_positions(batch, enc), "causal")
+    ctx = self_context(cfg, segment_ids_bt, self.decoder_positions(batch, enc), "causal",
+                       valid_bt=real_tokens(batch, "decoder_segment_ids", "decoder_target_tokens"))
     spec = masks.MaskSpec(segment_ids_bt, enc.segment_ids_bs, "cross")
     cross = self.cross_context(enc, spec if cfg.attention_impl != "xla" else
                                masks.materialize(spec))

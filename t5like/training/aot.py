@@ -245,7 +245,8 @@ def compile_report(cfg: Config, devices: Sequence[Any] | None = None, *,
     rows = cfg.train.eval_batch_size or cfg.train.batch_size
     t1 = time.time()
     ev = step_lib.make_eval_step(setup).lower(
-        setup.abstract_state.params, abstract_batch(cfg, setup.batch_sharding, rows)).compile()
+        setup.abstract_state.params, abstract_batch(cfg, setup.batch_sharding, rows),
+        setup.abstract_state.model_state).compile()
     report["eval"] = memory_per_device(ev)
     report["compile_s"] += time.time() - t1
   report["compile_cache"] = compile_cache.describe(cache_before)

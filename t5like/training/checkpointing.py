@@ -166,7 +166,7 @@ class Checkpointer:
     and the iterator state is written; the array files are written in the background)."""
     if step in self.manager.all_steps():
       return
-    items = {STATE: ocp.args.StandardSave(state), CONFIG: ocp.args.JsonSave(config)}
+    items = {STATE: ocp.args.StandardSave(_as_saved(state)), CONFIG: ocp.args.JsonSave(config)}
     if data_iterator is not None:
       items[DATA] = DataIteratorSave(data_iterator)
     self.manager.save(step, args=ocp.args.Composite(**items), force=True)
@@ -228,8 +228,10 @@ class Checkpointer:
         raise FileNotFoundError(f"{CONFIG}/metadata is missing")
       if check_config is not None:
         check_config(saved)
-      state = self._with_retries(lambda: self.manager.restore(step, args=ocp.args.Composite(
-          **{STATE: ocp.args.StandardRestore(abstract_state)}))[STATE], step)
+      state = _from_saved(self._with_retries(lambda: self.manager.restore(
+          step, args=ocp.args.Composite(
+              **{STATE: ocp.args.StandardRestore(_as_saved(abstract_state))}))[STATE], step),
+          abstract_state)
       if int(jax.device_get(state.step)) != step:
         raise ValueError(f"state.step={int(state.step)} does not match the directory name")
       if data_iterator is not None:
@@ -375,6 +377,35 @@ def read_step_config(step_dir: str) -> dict | None:
   if not path.exists():
     return None
   return json.loads(path.read_text())
+
+
+def _as_saved(state: Any) -> Any:
+  """The tree written for a TrainState: without its ``model_state`` when that is empty (a dense
+  model), so dense checkpoints keep the layout they had before MoE state existed."""
+  if dataclasses.is_dataclass(state) and hasattr(state, "model_state") and not jax.tree.leaves(
+      state.model_state):
+    return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)
+            if f.name != "model_state"}
+  return state
+
+
+def _from_saved(tree: Any, abstract_state: Any) -> Any:
+  return abstract_state.replace(**tree) if isinstance(tree, dict) else tree
+
+
+def restore_model_state(step_dir: str, abstract_model_state: Any) -> Any:
+  """Only the TrainState's ``model_state`` (MoE selection biases) in ``step_dir/state``, placed
+  as ``abstract_model_state`` says; ``{}`` for a dense model."""
+  if not jax.tree.leaves(abstract_model_state):
+    return abstract_model_state
+  restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_model_state)
+  with ocp.PyTreeCheckpointer() as ckptr:
+    out = ckptr.restore(
+        paths.join(step_dir, STATE),
+        args=ocp.args.PyTreeRestore(item={"model_state": abstract_model_state},
+                                    restore_args={"model_state": restore_args},
+                                    partial_restore=True))
+  return out["model_state"]
 
 
 def restore_params(step_dir: str, abstract_params: Any) -> Any:

@@ -1,6 +1,7 @@
 """Model FLOPs by the docs/flops.md (MaxText) convention, and device peaks for MFU.
 
-Per layer, forward, B sequences of length S: SwiGLU FFN ``6·B·S·d·d_ff``; Q/K/V projections
+Per layer, forward, B sequences of length S: SwiGLU FFN ``6·B·S·d·d_ff`` (an MoE layer: only
+the experts a token uses, ``6·B·S·d·(K + N_s)·d_expert``, plus its router ``2·B·S·d·N_r``); Q/K/V projections
 ``2·B·S·d·(H_q + 2·H_kv)·d_h``; output projection ``2·B·S·d·H_q·d_h``; attention scores and
 values ``4·B·S_q·S_kv·H·d_h``, halved when causal (DecLLM, RedLLM decoder self-attention; a
 PrefixLM decoder is counted as causal); logits ``2·B·S·d·V`` once. Training = 3 × forward.
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from t5like.config.model import ModelConfig
+from t5like.config.moe import stack_moe_flags
 
 
 def _proj_flops(cfg: ModelConfig, b: int, s_q: int, s_kv: int) -> float:
@@ -31,8 +33,13 @@ def _attn_flops(cfg: ModelConfig, b: int, s_q: int, s_kv: int, causal: bool) -> 
   return f / 2 if causal else f
 
 
-def _ffn_flops(cfg: ModelConfig, b: int, s: int) -> float:
-  return 6.0 * b * s * cfg.d_model * cfg.d_ff
+def _ffn_flops(cfg: ModelConfig, b: int, s: int, stack: str, num_layers: int) -> float:
+  """The feed-forwards of all ``num_layers`` layers of a stack, counting active experts only."""
+  m, d = cfg.moe, cfg.d_model
+  dense = 6.0 * b * s * d * cfg.d_ff
+  moe = 6.0 * b * s * d * (m.top_k + m.num_shared_experts) * m.expert_d_ff + \
+      2.0 * b * s * d * m.num_experts
+  return sum(moe if f else dense for f in stack_moe_flags(m, stack, num_layers))
 
 
 def forward_flops(cfg: ModelConfig, batch: int, decoder_length: int,
@@ -41,13 +48,15 @@ def forward_flops(cfg: ModelConfig, batch: int, decoder_length: int,
   b, s = batch, decoder_length
   logits = 2.0 * b * s * cfg.d_model * cfg.vocab_size
   if cfg.family == "decllm":
-    layer = _proj_flops(cfg, b, s, s) + _attn_flops(cfg, b, s, s, True) + _ffn_flops(cfg, b, s)
-    return cfg.num_layers * layer + logits
+    layer = _proj_flops(cfg, b, s, s) + _attn_flops(cfg, b, s, s, True)
+    return cfg.num_layers * layer + _ffn_flops(cfg, b, s, "decoder", cfg.num_layers) + logits
   se = encoder_length
-  enc = _proj_flops(cfg, b, se, se) + _attn_flops(cfg, b, se, se, False) + _ffn_flops(cfg, b, se)
+  enc = _proj_flops(cfg, b, se, se) + _attn_flops(cfg, b, se, se, False)
   dec = (_proj_flops(cfg, b, s, s) + _attn_flops(cfg, b, s, s, True)
-         + _proj_flops(cfg, b, s, se) + _attn_flops(cfg, b, s, se, False) + _ffn_flops(cfg, b, s))
-  return cfg.num_encoder_layers * enc + cfg.num_decoder_layers * dec + logits
+         + _proj_flops(cfg, b, s, se) + _attn_flops(cfg, b, s, se, False))
+  return (cfg.num_encoder_layers * enc + _ffn_flops(cfg, b, se, "encoder", cfg.num_encoder_layers)
+          + cfg.num_decoder_layers * dec + _ffn_flops(cfg, b, s, "decoder", cfg.num_decoder_layers)
+          + logits)
 
 
 def train_flops(cfg: ModelConfig, batch: int, decoder_length: int,

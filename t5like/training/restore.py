@@ -56,4 +56,5 @@ def restore_model(path: str, *, step: int | None = None, overrides: Sequence[str
   cfg = load_checkpoint_config(step_dir, overrides)
   setup = state_lib.build_setup(cfg, partitioning.make_mesh(cfg.mesh))
   params = checkpointing.restore_params(step_dir, setup.abstract_state.params)
-  return nnx.merge(setup.graphdef, params), cfg, step_dir
+  model_state = checkpointing.restore_model_state(step_dir, setup.abstract_state.model_state)
+  return nnx.merge(setup.graphdef, params, model_state), cfg, step_dir

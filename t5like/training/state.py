@@ -7,7 +7,9 @@ shapes and logical axes, no memory), maps the logical axes to shardings with the
 
 Parameters live in the state as a plain nested dict of arrays (``nnx.to_pure_dict``), so the
 optimizer, the checkpoint and the restore target all see ordinary pytrees; the model is
-re-assembled inside the step with ``nnx.merge(graphdef, params)``.
+re-assembled inside the step with ``nnx.merge(graphdef, params, model_state)``. ``model_state``
+holds the model's non-parameter state: the MoE layers' selection biases (``RouterBias``; no
+gradient, no optimizer slots, moved by the step itself), ``{}`` for a dense model.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from t5like import partitioning
 from t5like.config import Config, ConfigError
 from t5like.models import build_model
+from t5like.models.moe import RouterBias
 from t5like.training import optimizer as opt_lib
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,8 @@ class TrainState:
   opt_state: Any  # optax state (Adafactor statistics), sharded like the parameters.
   skipped_steps: jax.Array  # int32 []: total steps skipped because of a non-finite loss/gradient.
   consecutive_skipped: jax.Array  # int32 []: current run of consecutive skipped steps.
+  model_state: Any = flax.struct.field(default_factory=dict)  # Non-parameter model state: MoE
+  #   selection biases as a nested dict; {} for dense models (and then not written to checkpoints).
 
 
 @dataclasses.dataclass
@@ -59,18 +64,21 @@ class TrainSetup:
     return sum(x.size for x in jax.tree.leaves(self.abstract_state.params))
 
 
+def _axes(variables):
+  return nnx.to_pure_dict(jax.tree.map(
+      lambda v: tuple(v.get_metadata().get("out_sharding") or (None,) * len(v.value.shape)),
+      variables, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+
+
 def _model_parts(cfg: Config, mesh: Mesh):
-  """(graphdef, abstract params as pure dict, logical axes as pure dict) of ``cfg.model``, its
-  operations' backend chosen for ``mesh``'s devices (logged)."""
+  """(graphdef, abstract params as pure dict, logical axes as pure dict, logical axes of the
+  model state) of ``cfg.model``, its operations' backend chosen for ``mesh``'s devices (logged)."""
   abs_model = nnx.eval_shape(lambda: build_model(cfg.model, nnx.Rngs(cfg.train.seed), mesh))
-  graphdef, abs_params, rest = nnx.split(abs_model, nnx.Param, ...)
+  graphdef, abs_params, abs_model_state, rest = nnx.split(abs_model, nnx.Param, RouterBias, ...)
   if jax.tree.leaves(rest):
     raise ValueError(f"the model holds non-parameter state, which the trainer does not carry: "
                      f"{jax.tree.map(lambda x: x.shape, rest)}")
-  axes = jax.tree.map(lambda v: tuple(v.get_metadata().get("out_sharding") or
-                                      (None,) * len(v.value.shape)),
-                      abs_params, is_leaf=lambda x: isinstance(x, nnx.Variable))
-  return graphdef, nnx.to_pure_dict(abs_params), nnx.to_pure_dict(axes)
+  return (graphdef, nnx.to_pure_dict(abs_params), _axes(abs_params), _axes(abs_model_state))
 
 
 def _init_fn(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh):
@@ -79,7 +87,8 @@ def _init_fn(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh):
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     zero = jnp.zeros((), jnp.int32)
     return TrainState(step=zero, params=params, opt_state=tx.init(params), skipped_steps=zero,
-                      consecutive_skipped=zero)
+                      consecutive_skipped=zero,
+                      model_state=nnx.to_pure_dict(nnx.state(model, RouterBias)))
   return init
 
 
@@ -106,7 +115,7 @@ def check_batch_layout(cfg: Config, mesh) -> None:
 def build_setup(cfg: Config, mesh: Mesh) -> TrainSetup:
   """Abstract, sharded layout of the train state for ``cfg`` on ``mesh`` (allocates nothing)."""
   with partitioning.axis_rules():
-    graphdef, abs_params, param_axes = _model_parts(cfg, mesh)
+    graphdef, abs_params, param_axes, model_state_axes = _model_parts(cfg, mesh)
     tx = opt_lib.make_optimizer(cfg.train, param_axes)
     abs_state = jax.eval_shape(_init_fn(cfg, tx, mesh))
   opt_axes = opt_lib.optimizer_state_axes(abs_state.opt_state, abs_params, param_axes,
@@ -119,7 +128,8 @@ def build_setup(cfg: Config, mesh: Mesh) -> TrainSetup:
       params=partitioning.tree_shardings(param_axes, abs_state.params, mesh),
       opt_state=partitioning.tree_shardings(opt_axes, abs_state.opt_state, mesh),
       skipped_steps=replicated,
-      consecutive_skipped=replicated)
+      consecutive_skipped=replicated,
+      model_state=partitioning.tree_shardings(model_state_axes, abs_state.model_state, mesh))
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           abs_state, shardings)
   return TrainSetup(cfg=cfg, mesh=mesh, graphdef=graphdef, tx=tx,
@@ -152,16 +162,22 @@ def init_state(setup: TrainSetup) -> TrainState:
     return init()
 
 
-def fresh_state_from_params(setup: TrainSetup, params: Any) -> TrainState:
-  """A step-0 state around given (sharded) parameters: fresh optimizer, no skipped steps."""
-  def make(p):
+def fresh_state_from_params(setup: TrainSetup, params: Any, model_state: Any = None) -> TrainState:
+  """A step-0 state around given (sharded) parameters and model state (MoE biases; default:
+  zero): fresh optimizer, no skipped steps."""
+  if model_state is None:
+    model_state = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                               setup.abstract_state.model_state)
+
+  def make(p, s):
     zero = jnp.zeros((), jnp.int32)
     return TrainState(step=zero, params=p, opt_state=setup.tx.init(p), skipped_steps=zero,
-                      consecutive_skipped=zero)
-  fn = jax.jit(make, in_shardings=(setup.state_shardings.params,),
+                      consecutive_skipped=zero, model_state=s)
+  fn = jax.jit(make, in_shardings=(setup.state_shardings.params,
+                                   setup.state_shardings.model_state),
                out_shardings=setup.state_shardings)
   with jax.set_mesh(setup.mesh):
-    return fn(params)
+    return fn(params, model_state)
 
 
 def all_finite(tree: Any) -> jax.Array:

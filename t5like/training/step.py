@@ -2,10 +2,12 @@
 
 Train step: gradient accumulation over ``train.microbatches`` (a ``lax.scan``; the summed loss
 is normalised by the target tokens of the *whole* batch, so any microbatch count gives the same
-update up to float rounding), cross-entropy + z-loss, global-norm clipping and Adafactor
+update up to float rounding), cross-entropy + z-loss (+ the MoE layers' balance and router
+z-losses, ``moe_balance.py``), global-norm clipping and Adafactor
 (``optimizer.py``), learning rate from ``TrainState.step``, and a non-finite guard: when the loss
 or the gradient norm is NaN/Inf the update is not applied (parameters and optimizer state are
-kept), the step is counted as skipped and the consecutive-skip counter grows.
+kept), the step is counted as skipped and the consecutive-skip counter grows. After an applied
+step the MoE selection biases (``TrainState.model_state``) move by the global batch's loads.
 
 Both steps are ``jax.jit`` with explicit in/out shardings; the train step donates its state.
 They are traced under the mesh and the logical-axis rules, so the models' activation
@@ -22,7 +24,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from t5like import partitioning
-from t5like.models import LossTerms, cross_entropy_with_z_loss
+from t5like.models import LossTerms, build_model, cross_entropy_with_z_loss
+from t5like.models import moe
+from t5like.training import moe_balance
 from t5like.training.state import TrainSetup, TrainState, all_finite
 
 Batch = Mapping[str, jax.Array]
@@ -51,11 +55,20 @@ def loss_weights(batch: Batch) -> jax.Array:
   return w.astype(jnp.float32)
 
 
-def _loss_terms(setup: TrainSetup, params: Any, batch: Batch, dropout_rng, z_loss: float):
-  model = nnx.merge(setup.graphdef, params)
-  logits = model(batch, dropout_rng=dropout_rng)
-  return cross_entropy_with_z_loss(logits, batch["decoder_target_tokens"], loss_weights(batch),
-                                   z_loss)
+def _loss_terms(setup: TrainSetup, params: Any, model_state: Any, batch: Batch, dropout_rng,
+                z_loss: float) -> tuple[LossTerms, moe_balance.Stats]:
+  """Weighted sums of the loss terms; the loss includes the MoE auxiliary losses (their
+  per-token values times the target tokens, so they average like the cross-entropy)."""
+  model = nnx.merge(setup.graphdef, params, model_state)
+  with moe.collect_stats():
+    logits = model(batch, dropout_rng=dropout_rng)
+  stats = moe.pop_layer_stats(model)
+  terms = cross_entropy_with_z_loss(logits, batch["decoder_target_tokens"], loss_weights(batch),
+                                    z_loss)
+  if stats:
+    aux = moe_balance.aux_loss(stats, setup.cfg.model.moe)
+    terms = terms._replace(loss=terms.loss + aux * terms.weight)
+  return terms, stats
 
 
 def split_microbatches(batch: Batch, num: int, mesh) -> Batch:
@@ -78,8 +91,10 @@ def make_train_step(setup: TrainSetup) -> MeshFunction:
   num_micro = cfg.train.microbatches
   z_loss = cfg.train.z_loss
   use_dropout = cfg.model.dropout_rate > 0
+  moe_names = moe.moe_layer_names(
+      nnx.eval_shape(lambda: build_model(cfg.model, nnx.Rngs(0)))) if cfg.model.moe.enabled else {}
 
-  def grads_and_terms(params, batch, step):
+  def grads_and_terms(params, model_state, batch, step):
     total_weight = jnp.maximum(jnp.sum(loss_weights(batch)), 1.0)
     base_rng = jax.random.fold_in(jax.random.key(cfg.train.seed), step) if use_dropout else None
 
@@ -87,27 +102,30 @@ def make_train_step(setup: TrainSetup) -> MeshFunction:
       rng = None if base_rng is None else jax.random.fold_in(base_rng, index)
 
       def loss_fn(p):
-        terms = _loss_terms(setup, p, mb, rng, z_loss)
-        return terms.loss / total_weight, terms
-      (_, terms), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-      return grads, terms
+        terms, stats = _loss_terms(setup, p, model_state, mb, rng, z_loss)
+        return terms.loss / total_weight, (terms, stats)
+      (_, (terms, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      return grads, terms, stats
 
     if num_micro == 1:
       return micro(params, batch, 0)
     mbs = split_microbatches(batch, num_micro, setup.mesh)
     zeros = jax.tree.map(jnp.zeros_like, params)
     zero_terms = LossTerms(*[jnp.zeros((), jnp.float32)] * len(LossTerms._fields))
+    zero_stats = {} if not moe_names else jax.tree.map(jnp.zeros_like, jax.eval_shape(
+        lambda: micro(params, jax.tree.map(lambda x: x[0], mbs), 0)[2]))
 
     def body(carry, xs):
-      acc_g, acc_t = carry
       mb, index = xs
-      g, t = micro(params, mb, index)
-      return (jax.tree.map(jnp.add, acc_g, g), jax.tree.map(jnp.add, acc_t, t)), None
-    (grads, terms), _ = jax.lax.scan(body, (zeros, zero_terms), (mbs, jnp.arange(num_micro)))
-    return grads, terms
+      out = micro(params, mb, index)
+      return jax.tree.map(jnp.add, carry, out), None
+    # Loads (and the stats' other sums) add up over the microbatches: the global batch's.
+    (grads, terms, stats), _ = jax.lax.scan(body, (zeros, zero_terms, zero_stats),
+                                            (mbs, jnp.arange(num_micro)))
+    return grads, terms, stats
 
   def step_fn(state: TrainState, batch: Batch):
-    grads, terms = grads_and_terms(state.params, batch, state.step)
+    grads, terms, stats = grads_and_terms(state.params, state.model_state, batch, state.step)
     grad_norm = optax.tree.norm(grads)
     lr = jnp.asarray(setup.schedule(state.step), jnp.float32)
     updates, new_opt = setup.tx.update(grads, state.opt_state, state.params)
@@ -121,7 +139,9 @@ def make_train_step(setup: TrainSetup) -> MeshFunction:
         params=keep(new_params, state.params),
         opt_state=keep(new_opt, state.opt_state),
         skipped_steps=state.skipped_steps + skipped,
-        consecutive_skipped=jnp.where(finite, 0, state.consecutive_skipped + 1))
+        consecutive_skipped=jnp.where(finite, 0, state.consecutive_skipped + 1),
+        model_state=keep(moe_balance.updated_biases(
+            state.model_state, stats, cfg.model.moe.bias_update_rate), state.model_state))
     weight = jnp.maximum(terms.weight, 1.0)
     metrics = {
         "loss": terms.loss / weight,
@@ -134,6 +154,7 @@ def make_train_step(setup: TrainSetup) -> MeshFunction:
         "finite": finite.astype(jnp.float32),
         "skipped_steps": new_state.skipped_steps.astype(jnp.float32),
         "consecutive_skipped": new_state.consecutive_skipped.astype(jnp.float32),
+        **moe_balance.layer_metrics(stats, new_state.model_state, moe_names, num_micro),
     }
     return new_state, metrics
 
@@ -144,15 +165,45 @@ def make_train_step(setup: TrainSetup) -> MeshFunction:
   return MeshFunction(fn, setup.mesh)
 
 
-def make_eval_step(setup: TrainSetup) -> MeshFunction:
-  """``eval(params, batch) -> dict`` of weighted sums (no dropout): loss, cross_entropy, z_loss,
-  correct, weight. Sum them over batches and divide by ``weight`` for per-token values."""
+class EvalStep(MeshFunction):
+  """``eval(params, batch, model_state=None)``: ``model_state`` may be left out for a dense
+  model (it has none); an MoE model's routing needs its biases."""
+
+  def __init__(self, fn: Callable, mesh, needs_state: bool):
+    super().__init__(fn, mesh)
+    self.needs_state = needs_state
+
+  def _args(self, params, batch, model_state):
+    if model_state is None:
+      if self.needs_state:
+        raise ValueError("this MoE model's eval step needs model_state (TrainState.model_state: "
+                         "the experts' selection biases)")
+      model_state = {}
+    return params, batch, model_state
+
+  def __call__(self, params, batch, model_state=None):
+    return super().__call__(*self._args(params, batch, model_state))
+
+  def lower(self, params, batch, model_state=None):
+    return super().lower(*self._args(params, batch, model_state))
+
+
+def make_eval_step(setup: TrainSetup) -> EvalStep:
+  """``eval(params, batch, model_state=None) -> dict`` of weighted sums (no dropout): loss,
+  cross_entropy, z_loss, correct, weight. Sum them over batches and divide by ``weight`` for
+  per-token values. ``model_state``: ``TrainState.model_state`` (MoE biases; none if dense)."""
   z_loss = setup.cfg.train.z_loss
 
-  def eval_fn(params, batch):
-    terms = _loss_terms(setup, params, batch, None, z_loss)
+  def eval_fn(params, batch, model_state):
+    terms, _ = _loss_terms(setup, params, model_state, batch, None, z_loss)
     return terms._asdict()
 
-  fn = jax.jit(eval_fn, in_shardings=(setup.state_shardings.params, setup.batch_sharding),
+  fn = jax.jit(eval_fn, in_shardings=(setup.state_shardings.params, setup.batch_sharding,
+                                      setup.state_shardings.model_state),
                out_shardings=setup.replicated)
-  return MeshFunction(fn, setup.mesh)
+  return EvalStep(fn, setup.mesh, bool(jax.tree.leaves(setup.abstract_state.model_state)))
+
+
+def bind_model_state(eval_step: MeshFunction, model_state: Any) -> Callable:
+  """``eval(params, batch)`` with the model state fixed (what held-out scoring calls)."""
+  return lambda params, batch: eval_step(params, batch, model_state)

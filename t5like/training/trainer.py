@@ -131,7 +131,8 @@ class Trainer:
           self.train_iter = self._open_train_data()
     if self.state is None and self.init_dir is not None:
       params = checkpointing.restore_params(self.init_dir, setup.abstract_state.params)
-      self.state = state_lib.fresh_state_from_params(setup, params)
+      biases = checkpointing.restore_model_state(self.init_dir, setup.abstract_state.model_state)
+      self.state = state_lib.fresh_state_from_params(setup, params, biases)
       log.info("initialised parameters from %s (fresh optimizer, step 0)", self.init_dir)
     if self.state is None:
       self.state = state_lib.init_state(setup)
@@ -150,8 +151,9 @@ class Trainer:
     rows, pid, nproc = self.eval_rows // self.nproc, self.pid, self.nproc
     to_global = lambda b: data_lib.global_batch(  # noqa: E731
         pad_rows(self._checked(b), rows), self.setup.batch_sharding, self.eval_rows)
+    eval_step = step_lib.bind_model_state(self._eval_step, self.state.model_state)
     if hasattr(self.data, "eval_parts"):  # A mixture: every part, combined by rate.
-      out = held_out.evaluate_parts(self._eval_step, self.state.params,
+      out = held_out.evaluate_parts(eval_step, self.state.params,
                                     self.data.eval_parts(rows, pid, nproc, cfg.train.eval_steps),
                                     to_global)
     else:
@@ -159,13 +161,13 @@ class Trainer:
       if it is None:
         return {}
       try:
-        out = held_out_metrics(self._eval_step, self.state.params, it, to_global,
+        out = held_out_metrics(eval_step, self.state.params, it, to_global,
                                cfg.train.eval_steps)
       finally:
         close_iterator(it)
     for name, extra in data_lib.extra_eval_iterators(self.data, rows, pid, nproc):
       try:  # data.extra_eval sets (Paloma style): eval/<name>/loss, eval/<name>/accuracy.
-        m = held_out_metrics(self._eval_step, self.state.params, extra, to_global,
+        m = held_out_metrics(eval_step, self.state.params, extra, to_global,
                              cfg.train.eval_steps)
       finally:
         close_iterator(extra)

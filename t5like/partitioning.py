@@ -1,18 +1,19 @@
 """Device mesh and the one rule table that maps logical axis names to mesh axes.
 
 Model code names only logical axes (``batch, length, embed, heads, kv, mlp, vocab, layers``);
-this module decides where they live on the ``(data, fsdp, tensor)`` mesh:
+this module decides where they live on the ``(data, expert, fsdp, tensor)`` mesh:
 
 =========  ===================  ==============================================================
 logical    mesh axes            why
 =========  ===================  ==============================================================
-batch      (data, fsdp)         every data-parallel replica and FSDP shard reads its own rows
+batch      (data, expert, fsdp)  every data-parallel replica, expert and FSDP shard reads its rows
 embed      fsdp                 parameters (and their optimizer state) sharded over FSDP
 heads      tensor               attention heads split for tensor parallelism
 mlp        tensor               SwiGLU hidden units split for tensor parallelism
 vocab      tensor               embedding rows / logits split for tensor parallelism
 kv, length, layers  replicated  head_dim, sequence and the scanned layer axis stay whole
-expert     replicated           MoE experts (routed-expert weights, router columns, its bias)
+expert     expert               MoE experts (routed-expert weights, router columns, the bias);
+                                the capacity path exchanges tokens over it (models/moe_dispatch)
 =========  ===================  ==============================================================
 
 A mesh axis is used at most once per array: on activations ``batch`` takes ``fsdp`` first, so
@@ -34,10 +35,10 @@ from t5like.config.train import MeshConfig
 
 log = logging.getLogger(__name__)
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "expert", "fsdp", "tensor")
 
 LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", "expert", "fsdp")),
     ("embed", "fsdp"),
     ("heads", "tensor"),
     ("mlp", "tensor"),
@@ -45,30 +46,30 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv", None),
     ("length", None),
     ("layers", None),
-    ("expert", None),
+    ("expert", "expert"),
 )
 
 
-def mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[int, int, int]:
+def mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[int, int, int, int]:
   """Resolves -1 and checks that the mesh uses exactly ``num_devices`` devices."""
   cfg.validate()
-  sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+  sizes = [cfg.data, cfg.expert, cfg.fsdp, cfg.tensor]
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % known:
       raise ConfigError(
-          f"mesh data/fsdp/tensor={tuple(sizes)}: the fixed axes ({known} devices) do not divide "
+          f"mesh data/expert/fsdp/tensor={tuple(sizes)}: the fixed axes ({known} devices) do not divide "
           f"the {num_devices} available devices; change mesh.data/mesh.tensor")
     sizes[sizes.index(-1)] = num_devices // known
   if math.prod(sizes) != num_devices:
     raise ConfigError(
-        f"mesh data/fsdp/tensor={tuple(sizes)} uses {math.prod(sizes)} devices but "
+        f"mesh data/expert/fsdp/tensor={tuple(sizes)} uses {math.prod(sizes)} devices but "
         f"{num_devices} are available; set one axis to -1 or make the product {num_devices}")
   return tuple(sizes)  # type: ignore[return-value]
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A (data, fsdp, tensor) mesh with Auto axis types (what logical-rule sharding needs)."""
+  """A (data, expert, fsdp, tensor) mesh with Auto axis types (what logical-rule sharding needs)."""
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(cfg, len(devices))
   try:

@@ -38,6 +38,14 @@ class Config:
       raise ConfigError("data.loss_on_inputs=True is the causal decoder's full-sequence loss: it "
                         "needs model.family='decllm' with model.decoder_attention='causal' (a "
                         "non-causal decoder and RedLLM train on the targets)")
+    moe, ep = self.model.moe, self.mesh.expert
+    if moe.enabled and ep > 1 and moe.capacity_factor <= 0:
+      raise ConfigError(f"mesh.expert={ep} splits the experts over devices, which the dropless "
+                        "MoE path cannot dispatch to; set model.moe.capacity_factor (e.g. 1.25) "
+                        "or mesh.expert=1")
+    if moe.enabled and ep > 1 and moe.num_experts % ep:
+      raise ConfigError(f"model.moe.num_experts={moe.num_experts} is not divisible by "
+                        f"mesh.expert={ep}; each expert-parallel shard holds the same number")
     return self
 
   def _resolve_cudnn_segments(self) -> None:

@@ -35,7 +35,8 @@ class MoEConfig:
   balance_loss: float = 1e-4  # alpha: weight of the sequence-wise balance loss (0 = off).
   router_z_loss: float = 0.0  # Weight of the router z-loss mean(logsumexp(router logits)^2).
   capacity_factor: float = 0.0  # 0: dropless (every routed token computed). > 0: each expert
-  #   takes at most ceil(capacity_factor * tokens * top_k / num_experts) tokens per batch shard.
+  #   takes at most ceil(capacity_factor * tokens * top_k / num_experts) tokens per batch shard,
+  #   the rest are dropped (and counted); the path for expert parallelism (mesh.expert > 1).
 
   @property
   def enabled(self) -> bool:

@@ -20,15 +20,17 @@ class MeshConfig:
   data: int = 1  # Pure data-parallel replicas.
   fsdp: int = -1  # Fully-sharded data parallel (parameters sharded over 'embed').
   tensor: int = 1  # Tensor parallel (heads / mlp / vocab).
+  expert: int = 1  # Expert parallel: MoE experts split over this axis (model.moe.capacity_factor
+  #   > 0), which also splits the batch like data.
   allow_replication: bool = False  # A parameter dimension the mesh does not divide is an error
   #   before compile; true replicates it instead (logged with its bytes per device).
 
   def validate(self) -> "MeshConfig":
-    sizes = (self.data, self.fsdp, self.tensor)
+    sizes = (self.data, self.fsdp, self.tensor, self.expert)
     if sum(s == -1 for s in sizes) > 1:
-      raise ConfigError(f"at most one mesh axis may be -1, got data/fsdp/tensor={sizes}")
+      raise ConfigError(f"at most one mesh axis may be -1, got data/fsdp/tensor/expert={sizes}")
     if any(s == 0 or s < -1 for s in sizes):
-      raise ConfigError(f"mesh sizes must be positive or -1, got data/fsdp/tensor={sizes}")
+      raise ConfigError(f"mesh sizes must be positive or -1, got data/fsdp/tensor/expert={sizes}")
     return self
 
 

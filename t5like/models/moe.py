@@ -12,6 +12,8 @@ step by gamma * sign(mean load - load_i) (auxiliary-loss-free balancing).
 Compute (dropless): the T*K (token, expert) pairs are sorted by expert, the experts' products
 run as grouped products (``jax.lax.ragged_dot``) over the contiguous groups, and the outputs are
 un-sorted and combined with the gates. Every routed pair is computed: nothing is dropped.
+With ``moe.capacity_factor > 0`` the routed experts run on fixed-size buffers instead, over the
+``expert`` mesh axis when there is one (``moe_dispatch.py``); pairs over capacity are dropped.
 
 Every call records ``MoEStats`` (loads over the real tokens, the sequence-wise balance loss, the
 router z-loss) as an ``nnx.Intermediate`` named ``stats``; the layer stack collects them.
@@ -29,6 +31,7 @@ from flax import nnx
 
 from t5like.config.model import ModelConfig
 from t5like.models.layers import dropout, dtype, fan_in_init, fold, param
+from t5like.models.moe_dispatch import capacity_experts
 from t5like.models.mlp import SwiGLU
 
 
@@ -42,6 +45,7 @@ class MoEStats(NamedTuple):
   balance_loss: jax.Array  # [] sequence-wise balance loss sum_i f_i P_i, mean over rows (no alpha).
   z_loss: jax.Array  # [] mean over tokens of logsumexp(router logits)^2 (no weight).
   tokens: jax.Array  # [] real tokens seen.
+  dropped: jax.Array  # [] (token, expert) pairs of real tokens dropped over capacity.
 
 
 _COLLECT = contextvars.ContextVar("t5like_moe_collect", default=False)
@@ -89,7 +93,7 @@ def gate_values(scores_te: jax.Array, idx_tk: jax.Array, scaling: float) -> jax.
 
 
 def routing_stats(logits_bte: jax.Array, scores_bte: jax.Array, idx_btk: jax.Array,
-                  valid_bt: jax.Array) -> MoEStats:
+                  valid_bt: jax.Array, kept_btk: jax.Array | None = None) -> MoEStats:
   """Loads, sequence-wise balance loss and router z-loss over the real tokens (``valid_bt``).
 
   Balance loss (DeepSeek-V3, per row): f_i = N_r / (K T) * #{t: i in TopK(t)},
@@ -108,7 +112,9 @@ def routing_stats(logits_bte: jax.Array, scores_bte: jax.Array, idx_btk: jax.Arr
   balance = jnp.sum(jax.lax.stop_gradient(f_be) * p_be) / rows
   lse_bt = jax.nn.logsumexp(logits_bte, axis=-1)
   z = jnp.sum(valid_bt * lse_bt ** 2) / jnp.maximum(tokens_b.sum(), 1.0)
-  return MoEStats(load_e, balance, z, tokens_b.sum())
+  dropped = jnp.zeros((), jnp.float32) if kept_btk is None else jnp.sum(
+      valid_bt[..., None] * jnp.logical_not(kept_btk))
+  return MoEStats(load_e, balance, z, tokens_b.sum(), dropped)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,15 +200,23 @@ class MoEFeedForward(nnx.Module):
     dt = dtype(cfg.dtype)
     b, t, d = x_btd.shape
     logits_bte, scores_bte, idx_btk, gates_btk = self.route(x_btd)
-    routed_tkd = self.experts.dropless(x_btd.astype(dt).reshape(b * t, d),
-                                       idx_btk.reshape(b * t, -1), cfg.dropout_rate, fold(rng, 0))
-    y_btd = jnp.einsum("btk,btkd->btd", gates_btk,
-                       routed_tkd.reshape(b, t, -1, d).astype(jnp.float32))
-    if self.shared is not None:
-      y_btd = y_btd + self.shared(x_btd, rng=fold(rng, 1)).astype(jnp.float32)
     if valid_bt is None:
       valid_bt = jnp.ones((b, t), jnp.bool_)
-    self.stats = nnx.Intermediate(routing_stats(logits_bte, scores_bte, idx_btk, valid_bt))
+    kept_btk = None
+    if cfg.moe.capacity_factor > 0:
+      routed_btkd, kept_btk = capacity_experts(x_btd.astype(dt), idx_btk, valid_bt,
+                                               self.experts.weights(dt), cfg.moe.capacity_factor)
+      # Dropout on the experts' outputs here (their hidden units live inside the dispatch).
+      routed_btkd = dropout(routed_btkd, cfg.dropout_rate, fold(rng, 0))
+    else:
+      routed_btkd = self.experts.dropless(x_btd.astype(dt).reshape(b * t, d),
+                                          idx_btk.reshape(b * t, -1), cfg.dropout_rate,
+                                          fold(rng, 0)).reshape(b, t, -1, d)
+    y_btd = jnp.einsum("btk,btkd->btd", gates_btk, routed_btkd.astype(jnp.float32))
+    if self.shared is not None:
+      y_btd = y_btd + self.shared(x_btd, rng=fold(rng, 1)).astype(jnp.float32)
+    self.stats = nnx.Intermediate(routing_stats(logits_bte, scores_bte, idx_btk, valid_bt,
+                                                kept_btk))
     return y_btd.astype(dt)
 
 

@@ -166,7 +166,7 @@ class Checkpointer:
     and the iterator state is written; the array files are written in the background)."""
     if step in self.manager.all_steps():
       return
-    items = {STATE: ocp.args.StandardSave(_as_saved(state)), CONFIG: ocp.args.JsonSave(config)}
+    items = {STATE: ocp.args.StandardSave(saved_tree(state)), CONFIG: ocp.args.JsonSave(config)}
     if data_iterator is not None:
       items[DATA] = DataIteratorSave(data_iterator)
     self.manager.save(step, args=ocp.args.Composite(**items), force=True)
@@ -228,9 +228,9 @@ class Checkpointer:
         raise FileNotFoundError(f"{CONFIG}/metadata is missing")
       if check_config is not None:
         check_config(saved)
-      state = _from_saved(self._with_retries(lambda: self.manager.restore(
+      state = from_saved(self._with_retries(lambda: self.manager.restore(
           step, args=ocp.args.Composite(
-              **{STATE: ocp.args.StandardRestore(_as_saved(abstract_state))}))[STATE], step),
+              **{STATE: ocp.args.StandardRestore(saved_tree(abstract_state))}))[STATE], step),
           abstract_state)
       if int(jax.device_get(state.step)) != step:
         raise ValueError(f"state.step={int(state.step)} does not match the directory name")
@@ -379,7 +379,7 @@ def read_step_config(step_dir: str) -> dict | None:
   return json.loads(path.read_text())
 
 
-def _as_saved(state: Any) -> Any:
+def saved_tree(state: Any) -> Any:
   """The tree written for a TrainState: without its ``model_state`` when that is empty (a dense
   model), so dense checkpoints keep the layout they had before MoE state existed."""
   if dataclasses.is_dataclass(state) and hasattr(state, "model_state") and not jax.tree.leaves(
@@ -389,7 +389,7 @@ def _as_saved(state: Any) -> Any:
   return state
 
 
-def _from_saved(tree: Any, abstract_state: Any) -> Any:
+def from_saved(tree: Any, abstract_state: Any) -> Any:
   return abstract_state.replace(**tree) if isinstance(tree, dict) else tree
 
 

@@ -50,9 +50,10 @@ def updated_biases(model_state: Any, loads: Stats, gamma: float) -> Any:
 
 
 def layer_metrics(stats: Stats, model_state: Any, names: dict[tuple, list[str]],
-                  num_micro: int) -> dict[str, jax.Array]:
+                  num_micro: int, capacity: bool = False) -> dict[str, jax.Array]:
   """``moe/<encoder|decoder>/<layer>/{load_max_over_mean, balance_loss, z_loss, bias_spread}``
-  (``names``: ``models.moe.moe_layer_names``); balance and z averaged over the microbatches."""
+  (+ ``dropped_fraction`` with ``capacity``; ``names``: ``models.moe.moe_layer_names``);
+  balance and z averaged over the microbatches."""
   out = {}
   for path, s in stats.items():
     bias_le = _get(model_state, path + BIAS_PATH)
@@ -63,4 +64,6 @@ def layer_metrics(stats: Stats, model_state: Any, names: dict[tuple, list[str]],
       out[f"{key}/balance_loss"] = s.balance_loss[i] / num_micro
       out[f"{key}/z_loss"] = s.z_loss[i] / num_micro
       out[f"{key}/bias_spread"] = jnp.max(bias_le[i]) - jnp.min(bias_le[i])
+      if capacity:
+        out[f"{key}/dropped_fraction"] = s.dropped[i] / jnp.maximum(jnp.sum(s.load[i]), 1.0)
   return out

@@ -154,7 +154,8 @@ def make_train_step(setup: TrainSetup) -> MeshFunction:
         "finite": finite.astype(jnp.float32),
         "skipped_steps": new_state.skipped_steps.astype(jnp.float32),
         "consecutive_skipped": new_state.consecutive_skipped.astype(jnp.float32),
-        **moe_balance.layer_metrics(stats, new_state.model_state, moe_names, num_micro),
+        **moe_balance.layer_metrics(stats, new_state.model_state, moe_names, num_micro,
+                                    cfg.model.moe.capacity_factor > 0),
     }
     return new_state, metrics
 

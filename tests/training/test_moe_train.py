@@ -107,7 +107,7 @@ def test_bias_round_trips_a_checkpoint_exactly_and_dense_layout_is_unchanged(tmp
   for a, b in zip(jax.tree.leaves(state.model_state), jax.tree.leaves(only)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # A dense TrainState is written without a model_state entry (the pre-MoE layout).
-  assert checkpointing._as_saved(state.replace(model_state={})).keys() == {
+  assert checkpointing.saved_tree(state.replace(model_state={})).keys() == {
       "step", "params", "opt_state", "skipped_steps", "consecutive_skipped"}
 
 
@@ -121,3 +121,12 @@ def test_tiny_moe_run_learns_and_logs_layer_metrics(tmp_path):
   assert "moe/decoder/0/load_max_over_mean" in recs[-1]
   assert "moe/decoder/2/bias_spread" in recs[-1] and "moe/decoder/1/z_loss" not in recs[-1]
   assert recs[-1]["moe/decoder/0/bias_spread"] > 0
+
+
+def test_capacity_run_logs_the_dropped_fraction(tmp_path):
+  cfg = moe_config("redllm", capacity_factor=0.5)
+  cfg.train.steps, cfg.train.log_every, cfg.checkpoint.every = 2, 1, 0
+  run_training(cfg, str(tmp_path))
+  rec = [r for r in read_metrics(str(tmp_path)) if "loss" in r][-1]
+  assert 0 < rec["moe/encoder/0/dropped_fraction"] < 1
+  assert 0 < rec["moe/decoder/0/dropped_fraction"] < 1

@@ -62,8 +62,10 @@ def trained(tmp_path_factory):
   pristine = {}
   ckpt = checkpointing.Checkpointer(str(workdir / "checkpoints"), cfg.checkpoint)
   for step in (4, 8):
-    state = ckpt.manager.restore(step, args=checkpointing.ocp.args.Composite(
-        state=checkpointing.ocp.args.StandardRestore(setup.abstract_state)))["state"]
+    restored = ckpt.manager.restore(step, args=checkpointing.ocp.args.Composite(
+        state=checkpointing.ocp.args.StandardRestore(
+            checkpointing.saved_tree(setup.abstract_state))))["state"]
+    state = checkpointing.from_saved(restored, setup.abstract_state)
     pristine[step] = [np.asarray(x) for x in jax.tree.leaves(state)]
   ckpt.close()
   return cfg, workdir, setup, pristine

@@ -1,0 +1,100 @@
+"""The capacity path of the MoE feed-forward: fixed-size expert buffers, expert parallelism.
+
+Each expert takes at most C = ceil(capacity_factor * T * K / N_r) (token, expert) pairs of the
+T tokens of one batch shard; pairs claim places in token order (a token's slots in gate order),
+pairs beyond C are dropped (their expert output is zero; the shared experts and the residual
+still carry the token) and counted. Padding tokens claim no place and are never counted.
+
+Buffers are [experts, C, embed]. With an ``expert`` mesh axis of size P (the rule table maps the
+logical ``expert`` axis to it), each device holds N_r / P experts: inside ``shard_map`` every
+device fills the buffers of all experts from its own tokens, one ``all_to_all`` over ``expert``
+sends each expert's buffer to the device that holds it, the experts run, and a second
+``all_to_all`` brings the outputs back. (``ragged_all_to_all``, which dropless dispatch would
+need, does not run on XLA:CPU; this path does, so it is tested on fake CPU devices.)
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from jax.sharding import PartitionSpec as P
+
+EXPERT_AXIS = "expert"  # Logical axis of the experts (mapped to a mesh axis by the rule table).
+
+
+def capacity(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
+  return max(1, math.ceil(factor * tokens * top_k / num_experts))
+
+
+def places(idx_tk: jax.Array, valid_t: jax.Array, num_experts: int,
+           cap: int) -> tuple[jax.Array, jax.Array]:
+  """(place of each pair in its expert's buffer [T, K] int32, kept [T, K] bool)."""
+  t, k = idx_tk.shape
+  chosen_ne = jax.nn.one_hot(idx_tk.reshape(-1), num_experts, dtype=jnp.int32)
+  chosen_ne = chosen_ne * jnp.repeat(valid_t.astype(jnp.int32), k)[:, None]
+  before_ne = jnp.cumsum(chosen_ne, axis=0) - chosen_ne  # Pairs of that expert ahead of this one.
+  place_tk = jnp.sum(before_ne * chosen_ne, axis=-1).reshape(t, k)
+  kept_tk = valid_t[:, None] & (place_tk < cap)
+  return place_tk, kept_tk
+
+
+def _experts(x_ecd: jax.Array, wi_gate, wi_up, wo) -> jax.Array:
+  """Every expert's SwiGLU on its buffer: [..., E, C, d] with weights [E, d, f] / [E, f, d]."""
+  acc = jnp.float32 if x_ecd.dtype in (jnp.bfloat16, jnp.float16) else None
+  gate = jnp.einsum("...ecd,edf->...ecf", x_ecd, wi_gate, preferred_element_type=acc)
+  up = jnp.einsum("...ecd,edf->...ecf", x_ecd, wi_up, preferred_element_type=acc)
+  h = (jax.nn.silu(gate) * up).astype(x_ecd.dtype)
+  return jnp.einsum("...ecf,efd->...ecd", h, wo, preferred_element_type=acc).astype(x_ecd.dtype)
+
+
+def _local(x_td, idx_tk, valid_t, weights, factor: float, axis: str | None, shards: int):
+  """One batch shard: fill buffers, (exchange,) run the experts, (exchange back,) gather."""
+  wi_gate = weights[0]
+  e = wi_gate.shape[0] * shards
+  t, k = idx_tk.shape
+  cap = capacity(t, k, e, factor)
+  place_tk, kept_tk = places(idx_tk, valid_t, e, cap)
+  place_tk = jnp.where(kept_tk, place_tk, cap)  # Out of range: dropped by the scatter.
+  x_tkd = jnp.broadcast_to(x_td[:, None, :], (t, k, x_td.shape[-1]))
+  buf_ecd = jnp.zeros((e, cap, x_td.shape[-1]), x_td.dtype).at[idx_tk, place_tk].add(
+      x_tkd, mode="drop")
+  if axis is None:
+    out_ecd = _experts(buf_ecd, *weights)
+  else:  # [P, E/P, C, d]: chunk p goes to device p; received chunks are indexed by source.
+    buf = jax.lax.all_to_all(buf_ecd.reshape(shards, e // shards, cap, -1), axis, 0, 0)
+    out = jax.lax.all_to_all(_experts(buf, *weights), axis, 0, 0)
+    out_ecd = out.reshape(e, cap, -1)
+  y_tkd = out_ecd.at[idx_tk, place_tk].get(mode="fill", fill_value=0)
+  return y_tkd, kept_tk
+
+
+def capacity_experts(x_btd: jax.Array, idx_btk: jax.Array, valid_bt: jax.Array,
+                     weights: tuple[jax.Array, jax.Array, jax.Array],
+                     factor: float) -> tuple[jax.Array, jax.Array]:
+  """(expert outputs [b, t, K, d] (zero where dropped), kept [b, t, K]) with capacity per
+  batch shard of the current mesh; experts split over the mesh axis of logical ``expert``."""
+  b, t, d = x_btd.shape
+  k = idx_btk.shape[-1]
+
+  def run(x, idx, valid, wg, wu, wo, axis=None, shards=1):
+    bl = x.shape[0]
+    y, kept = _local(x.reshape(bl * t, d), idx.reshape(bl * t, k), valid.reshape(bl * t),
+                     (wg, wu, wo), factor, axis, shards)
+    return y.reshape(bl, t, k, d), kept.reshape(bl, t, k)
+
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return run(x_btd, idx_btk, valid_bt, *weights)
+  batch = nn.logical_to_mesh_axes(("batch",))[0]
+  axis = nn.logical_to_mesh_axes((EXPERT_AXIS,))[0]
+  shards = mesh.shape[axis] if axis is not None else 1
+  rows = P(batch)
+  w_spec = P(axis)
+
+  def body(x, idx, valid, wg, wu, wo):
+    return run(x, idx, valid, wg, wu, wo, axis if shards > 1 else None, shards)
+  return jax.shard_map(body, mesh=mesh, in_specs=(rows, rows, rows, w_spec, w_spec, w_spec),
+                       out_specs=(rows, rows), check_vma=False)(
+                           x_btd, idx_btk, valid_bt, *weights)

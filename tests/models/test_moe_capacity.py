@@ -1,0 +1,77 @@
+"""The MoE capacity path on one device: with room for every pair it equals the dropless path
+(forward and gradients); with less, the dropped pairs are the ones a direct count in token order
+drops, counted in the stats, padding never taking a place."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from t5like.models import moe
+from t5like.models.moe_dispatch import capacity
+from test_moe_layer import moe_cfg
+
+
+def _pair(cfg, factor):
+  """The same layer (same weights) on the dropless and on the capacity path."""
+  dropless = moe.MoEFeedForward(cfg, rngs=nnx.Rngs(0))
+  cap_cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, capacity_factor=factor))
+  capped = moe.MoEFeedForward(cap_cfg, rngs=nnx.Rngs(0))
+  return dropless, capped
+
+
+def test_capacity_with_room_for_all_equals_dropless_forward_and_gradients():
+  cfg = moe_cfg(num_groups=1)
+  dropless, capped = _pair(cfg, float(cfg.moe.num_experts))  # C = T * K: nothing can drop.
+  x = jax.random.normal(jax.random.key(0), (2, 7, cfg.d_model))
+  w = jax.random.normal(jax.random.key(1), (2, 7, cfg.d_model))
+  outs = []
+  for layer in (dropless, capped):
+    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+    loss = lambda p, x: jnp.sum(nnx.merge(graphdef, p, rest)(x) * w)  # noqa: E731
+    outs.append((layer(x), jax.grad(loss, argnums=(0, 1))(params, x)))
+    assert float(layer.stats.get_value().dropped) == 0
+  np.testing.assert_allclose(np.asarray(outs[1][0]), np.asarray(outs[0][0]), atol=1e-5)
+  for a, b in zip(jax.tree.leaves(outs[1][1]), jax.tree.leaves(outs[0][1])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b),
+                               atol=1e-5 * max(1.0, float(np.abs(np.asarray(b)).max())))
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0])
+def test_dropped_pairs_equal_a_direct_count(factor):
+  cfg = moe_cfg(num_groups=1, num_shared_experts=0)
+  dropless, capped = _pair(cfg, factor)
+  b, t, e, k = 2, 9, cfg.moe.num_experts, cfg.moe.top_k
+  x = jax.random.normal(jax.random.key(2), (b, t, cfg.d_model))
+  valid = np.ones((b, t), bool)
+  valid[1, 6:] = False  # Padding claims no place.
+  got = np.asarray(capped(x, jnp.asarray(valid)))
+  _, _, idx, gates = capped.route(x)
+  idx, gates = np.asarray(idx).reshape(-1, k), np.asarray(gates).reshape(-1, k)
+  cap = math.ceil(factor * b * t * k / e)
+  assert cap == capacity(b * t, k, e, factor)
+  used, kept, dropped = np.zeros(e, int), np.zeros_like(idx, bool), 0
+  for n, real in enumerate(valid.reshape(-1)):  # Tokens in order, a token's slots in order.
+    for j in range(k):
+      if not real:
+        continue
+      if used[idx[n, j]] < cap:
+        used[idx[n, j]] += 1
+        kept[n, j] = True
+      else:
+        dropped += 1
+  assert dropped > 0  # The capacity binds in this test.
+  assert float(capped.stats.get_value().dropped) == dropped
+  assert dropped == sum(max(0, c - cap) for c in np.asarray(capped.stats.get_value().load))
+  # Output: each kept pair's expert output times its gate; dropped pairs give nothing.
+  xs = np.asarray(x).reshape(-1, cfg.d_model)
+  every = np.asarray(dropless.experts.dropless(
+      jnp.asarray(np.repeat(xs, e, axis=0)), jnp.asarray(np.tile(np.arange(e), len(xs))[:, None]),
+      0.0, None)).reshape(len(xs), e, -1)
+  want = np.einsum("nk,nkd->nd", gates * kept, np.take_along_axis(every, idx[..., None], 1))
+  np.testing.assert_allclose(got.reshape(len(xs), -1), want, atol=1e-5)

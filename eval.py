@@ -50,7 +50,10 @@ def _main(argv: list[str]) -> int:
   parser.add_argument("--no_per_task", action="store_true", help="skip the per-part breakdown")
   parser.add_argument("--json", action="store_true", help="print the JSON report instead")
   parser.add_argument("--suite", default="",
-                      help="comma-separated evaluations: ppl,tasks,length,cost,attention")
+                      help="comma-separated evaluations: ppl,tasks,length,cost,attention,experts")
+  parser.add_argument("--tokens", default="",
+                      help="--suite experts: space-separated pieces whose experts to report, "
+                           "e.g. \". , the what\"")
   parser.add_argument("--tasks", action="append", default=[],
                       help="--suite tasks: BIG-bench JSON / FLAN jsonl files or directories, "
                            "or seqio:NAME[@split][#N] for a registered seqio task "
@@ -106,7 +109,7 @@ def _suite(args, overrides) -> int:
   results = run_suite(args.workdir, [s.strip() for s in args.suite.split(",") if s.strip()],
                       output_dir=out, step=args.step, task_paths=args.tasks, shots=shots,
                       max_batches=args.max_batches or 8, max_context=args.max_context,
-                      on_long=args.on_long)
+                      on_long=args.on_long, expert_tokens=args.tokens)
   print((epath.Path(out) / "report.md").read_text())
   print(f"report: {out}/report.md, results: {out}/results.json, plots: {results['plots']}")
   return 0

@@ -74,6 +74,14 @@ def write_markdown(results: dict[str, Any]) -> str:
                   "mean distance"), rows)
     md += [f"![{c['attention']['heatmaps']}]({c['attention']['heatmaps']})"
            for c in ck.values() if "heatmaps" in c.get("attention", {})] + [""]
+  if "experts" in results["suites"]:
+    md += ["## Expert assignment (MoE layers)", ""]
+    rows = [(names[p], layer, f"{a['entropy']:.3f} / {a['max_entropy']:.3f}",
+             ", ".join(f"{s}: {n}" for s, n in a["pairs"].items()))
+            for p, c in ck.items() for layer, a in c["experts"].get("layers", {}).items()]
+    md += _table(("checkpoint", "layer", "load entropy / max (nats)", "routed pairs"), rows)
+    md += [f"![{c['experts']['heatmaps']}]({c['experts']['heatmaps']})"
+           for c in ck.values() if "heatmaps" in c.get("experts", {})] + [""]
   md += [f"![{png}]({png})" for png in results.get("plots", [])]
   return "\n".join(md) + "\n"
 

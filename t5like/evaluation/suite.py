@@ -3,7 +3,8 @@
 Suites: ``ppl`` (held-out loss on the target halves, like for like across families), ``tasks``
 (zero-/few-shot BIG-bench-format tasks), ``length`` (held-out loss at 1x-8x the training length),
 ``cost`` (analytic inference FLOPs per sequence; measured sequences/s with the KV cache),
-``attention`` (rank, Dong ratio, locality, heatmaps). Writes ``results.json`` (every number, checkpoint path, step, config hash, task file
+``attention`` (rank, Dong ratio, locality, heatmaps), ``experts`` (MoE checkpoints: expert
+assignment per data subset, preferred tokens, load entropy; ``experts.py``). Writes ``results.json`` (every number, checkpoint path, step, config hash, task file
 hashes), ``report.md`` and PNGs into the output directory. A suite that fails for one checkpoint
 is recorded with its error; the others still run.
 """
@@ -21,7 +22,7 @@ from t5like.config import ConfigError
 from t5like.evaluation import bigbench, cost
 
 log = logging.getLogger(__name__)
-SUITES = ("ppl", "tasks", "length", "cost", "attention")
+SUITES = ("ppl", "tasks", "length", "cost", "attention", "experts")
 FACTORS = (1, 2, 4, 8)
 
 
@@ -74,9 +75,28 @@ def _attention(model, cfg, output_dir, tag):
   return {"layers": aa.summarize(maps), "heatmaps": png.name}
 
 
+def _experts(model, cfg, output_dir, tag, query: str, max_batches: int) -> dict[str, Any]:
+  from t5like.data.vocab import get_vocabulary
+  from t5like.evaluation import experts
+  if not cfg.model.moe.enabled:
+    raise ValueError("--suite experts needs an MoE checkpoint (model.moe.num_experts > 0)")
+  vocab = get_vocabulary(cfg.data.vocab_path)
+  pieces = {p: list(vocab.encode(p)) for p in query.split()}
+  counts, per_token = experts.count_routes(
+      model, experts.subset_batches(cfg, 8, max_batches), cfg.model.vocab_size)
+  layers = experts.summarize(counts, per_token,
+                             query_tokens=sorted({i for ids in pieces.values() for i in ids}))
+  for layer in layers.values():
+    layer["top_pieces"] = [[vocab.decode([t]) for t in ts] for ts in layer["top_tokens"]]
+  png = epath.Path(output_dir) / f"experts_{tag}.png"
+  experts.plot(layers, str(png), f"{tag}: routed pairs per data subset")
+  return {"layers": layers, "query_tokens": pieces, "heatmaps": png.name}
+
+
 def evaluate_one(path: str, suites: Sequence[str], *, step: int | None, tasks, shots,
                  output_dir: str, max_batches: int, max_context: int, on_long: str,
-                 cost_lengths: Sequence[tuple[int, int]]) -> dict[str, Any]:
+                 cost_lengths: Sequence[tuple[int, int]],
+                 expert_tokens: str = "") -> dict[str, Any]:
   from t5like.config import to_json
   from t5like.data.vocab import get_vocabulary
   from t5like.training.restore import restore_model
@@ -93,7 +113,8 @@ def evaluate_one(path: str, suites: Sequence[str], *, step: int | None, tasks, s
                                    shots=shots, max_context=max_context, on_long=on_long),
       "length": lambda: _length(path, step, cfg, max_batches),
       "cost": lambda: _cost(model, cfg, cost_lengths),
-      "attention": lambda: _attention(model, cfg, output_dir, tag)}
+      "attention": lambda: _attention(model, cfg, output_dir, tag),
+      "experts": lambda: _experts(model, cfg, output_dir, tag, expert_tokens, max_batches)}
   for name in suites:
     try:
       out[name] = jobs[name]()
@@ -107,7 +128,8 @@ def run_suite(paths: Sequence[str], suites: Sequence[str], *, output_dir: str,
               step: int | None = None, task_paths: Sequence[str] = (),
               shots: Sequence[int] = (0,), max_batches: int = 8, max_context: int = 1024,
               on_long: str = "truncate",
-              cost_lengths: Sequence[tuple[int, int]] = ((128, 64), (512, 128))) -> dict:
+              cost_lengths: Sequence[tuple[int, int]] = ((128, 64), (512, 128)),
+              expert_tokens: str = "") -> dict:
   bad = [s for s in suites if s not in SUITES]
   if bad:
     raise ConfigError(f"unknown --suite {bad}; choose from {', '.join(SUITES)}")
@@ -126,7 +148,7 @@ def run_suite(paths: Sequence[str], suites: Sequence[str], *, output_dir: str,
     results["checkpoints"][path] = evaluate_one(
         path, suites, step=step, tasks=tasks, shots=shots, output_dir=output_dir,
         max_batches=max_batches, max_context=max_context, on_long=on_long,
-        cost_lengths=cost_lengths)
+        cost_lengths=cost_lengths, expert_tokens=expert_tokens)
   from t5like.evaluation.report import plots, write_markdown
   results["plots"] = plots(results, output_dir)
   (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True, default=str))

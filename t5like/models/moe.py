@@ -46,16 +46,19 @@ class MoEStats(NamedTuple):
   z_loss: jax.Array  # [] mean over tokens of logsumexp(router logits)^2 (no weight).
   tokens: jax.Array  # [] real tokens seen.
   dropped: jax.Array  # [] (token, expert) pairs of real tokens dropped over capacity.
+  chosen: jax.Array | None = None  # [batch, length, K] chosen experts (``collect_stats(routes=
+  #   True)``: the expert-assignment analysis), else None.
 
 
-_COLLECT = contextvars.ContextVar("t5like_moe_collect", default=False)
+_COLLECT = contextvars.ContextVar("t5like_moe_collect", default=(False, False))
 
 
 @contextlib.contextmanager
-def collect_stats():
+def collect_stats(routes: bool = False):
   """While tracing inside this context, layer stacks keep their MoE layers' ``MoEStats`` on the
-  model (``nnx.pop(model, nnx.Intermediate)`` reads them); outside it they are discarded."""
-  token = _COLLECT.set(True)
+  model (``pop_layer_stats`` reads them), with each token's chosen experts if ``routes``;
+  outside it they are discarded."""
+  token = _COLLECT.set((True, routes))
   try:
     yield
   finally:
@@ -63,7 +66,7 @@ def collect_stats():
 
 
 def collecting() -> bool:
-  return _COLLECT.get()
+  return _COLLECT.get()[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,8 +218,8 @@ class MoEFeedForward(nnx.Module):
     y_btd = jnp.einsum("btk,btkd->btd", gates_btk, routed_btkd.astype(jnp.float32))
     if self.shared is not None:
       y_btd = y_btd + self.shared(x_btd, rng=fold(rng, 1)).astype(jnp.float32)
-    self.stats = nnx.Intermediate(routing_stats(logits_bte, scores_bte, idx_btk, valid_bt,
-                                                kept_btk))
+    stats = routing_stats(logits_bte, scores_bte, idx_btk, valid_bt, kept_btk)
+    self.stats = nnx.Intermediate(stats._replace(chosen=idx_btk) if _COLLECT.get()[1] else stats)
     return y_btd.astype(dt)
 
 

@@ -46,6 +46,8 @@ class LayerMaps:
 
 
 def _layers(stack) -> list[nnx.Module]:
+  if hasattr(stack, "runs"):  # A MixedStack (dense and MoE layers): its runs in order.
+    return [layer for run in stack.runs for layer in _layers(run)]
   graphdef, params = nnx.split(stack.layers)
   return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params))
           for i in range(stack.num_layers)]

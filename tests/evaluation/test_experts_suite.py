@@ -35,8 +35,10 @@ def test_experts_suite_counts_match_direct_counts(workdir, tmp_path):
   from t5like.evaluation.checkpoint_eval import restore_model
   from t5like.evaluation.suite import run_suite
   out = str(tmp_path / "suite")
-  results = run_suite([workdir], ["experts"], output_dir=out, max_batches=2,
-                      expert_tokens="the .")
+  results = run_suite([workdir], ["experts", "ppl", "attention"], output_dir=out,
+                      max_batches=2, expert_tokens="the .")
+  for suite in ("ppl", "attention"):  # The other suites that need no generation run on MoE.
+    assert "error" not in results["checkpoints"][workdir][suite], results
   res = results["checkpoints"][workdir]["experts"]
   assert "error" not in res, res
   model, cfg, _ = restore_model(workdir, overrides=["data.objective=prefix"])

@@ -134,3 +134,18 @@ def test_flops_count_only_active_experts():
   want = (flops.forward_flops(dense, b, sd, se) + 2 * (moe_ffn(se) - dense_ffn(se))
           + (moe_ffn(sd) - dense_ffn(sd)))
   assert flops.forward_flops(cfg, b, sd, se) == pytest.approx(want, rel=1e-12)
+
+
+def test_expert_weights_carry_logical_axes_of_the_rule_table():
+  from t5like import partitioning
+  model = build_model(moe_model_cfg("redllm", encoder_layers="every_other"), nnx.Rngs(0))
+  known = {name for name, _ in partitioning.LOGICAL_RULES}
+  seen = {}
+  for path, var in nnx.to_flat_state(nnx.state(model, (nnx.Param, moe.RouterBias))):
+    axes = var.get_metadata()["out_sharding"]
+    assert len(axes) == var.get_value().ndim and set(axes) <= known, (path, axes)
+    seen[path[-2:]] = axes
+  assert seen[("experts", "wi_gate")] == ("layers", "expert", "embed", "mlp")
+  assert seen[("experts", "wo")] == ("layers", "expert", "mlp", "embed")
+  assert seen[("router", "kernel")] == ("layers", "embed", "expert")
+  assert seen[("router", "bias")] == ("layers", "expert")

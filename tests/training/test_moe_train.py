@@ -123,6 +123,7 @@ def test_tiny_moe_run_learns_and_logs_layer_metrics(tmp_path):
   assert recs[-1]["moe/decoder/0/bias_spread"] > 0
 
 
+@pytest.mark.slow  # ~1 min: a training subprocess (the capacity path itself is tested fast).
 def test_capacity_run_logs_the_dropped_fraction(tmp_path):
   cfg = moe_config("redllm", capacity_factor=0.5)
   cfg.train.steps, cfg.train.log_every, cfg.checkpoint.every = 2, 1, 0
@@ -130,3 +131,29 @@ def test_capacity_run_logs_the_dropped_fraction(tmp_path):
   rec = [r for r in read_metrics(str(tmp_path)) if "loss" in r][-1]
   assert 0 < rec["moe/encoder/0/dropped_fraction"] < 1
   assert 0 < rec["moe/decoder/0/dropped_fraction"] < 1
+
+
+@pytest.mark.slow  # ~1 min: three training subprocesses (the round trip above is the fast check).
+def test_sigkill_resume_restores_the_biases_exactly(tmp_path):
+  """A run SIGKILLed after step 6 (checkpoint 4) and restarted ends with the uninterrupted run's
+  biases and parameters bit for bit. (An odd step count: on this tiny model the sign updates
+  flip the loads back and forth, so after an even count the biases can be back at zero.)"""
+  import signal
+  import subprocess
+  from train_helpers import REPO, load_checkpoint_arrays, runner_command, subprocess_env
+  cfg = moe_config("decllm", bias_update_rate=0.01)
+  cfg.train.steps, cfg.checkpoint.every, cfg.checkpoint.keep = 7, 4, 0
+
+  def run(workdir, **options):
+    return subprocess.run(runner_command(cfg, str(workdir), **options), cwd=REPO,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=400)
+  assert run(tmp_path / "ref").returncode == 0
+  assert run(tmp_path / "run", kill_at_step=6).returncode == -signal.SIGKILL
+  resumed = run(tmp_path / "run")
+  assert resumed.returncode == 0 and '"resumed_from_step": 4' in resumed.stdout
+  ref, got = (load_checkpoint_arrays(str(tmp_path / d), 7) for d in ("ref", "run"))
+  biases = [k for k in ref if "model_state" in k]
+  assert biases and ref.keys() == got.keys()
+  assert any(np.any(ref[k] != 0) for k in biases)
+  for k in ref:
+    np.testing.assert_array_equal(got[k], ref[k], err_msg=k)

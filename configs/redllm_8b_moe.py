@@ -3,7 +3,7 @@
 stack dense, group-limited routing (8 groups, top 4). Needs --config.data.data_dir=<RedPajama V1>.
 """
 from t5like.config.moe import paper_moe
-from t5like.training.presets import paper_pretraining
+from t5like.config.presets import paper_pretraining
 
 
 def get_config():

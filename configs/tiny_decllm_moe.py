@@ -5,7 +5,7 @@ Both layers are MoE: 8 routed experts of width 128, top-3, plus 1 shared expert,
 (3 + 1) x 128 = 512 hidden units, the dense tiny model's d_ff: equal active feed-forward
 parameters (plus the 8-column router), 2.25x the feed-forward parameters in total.
 """
-from t5like.training.presets import tiny_pretraining
+from t5like.config.presets import tiny_pretraining
 
 
 def get_config():

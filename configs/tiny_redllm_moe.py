@@ -2,7 +2,7 @@
 (docs/moe.md) on the embedded RedPajama sample: 8 routed experts of width 128, top-3, plus 1
 shared expert (active feed-forward width 512 = the dense tiny model's d_ff), as tiny_decllm_moe.py.
 """
-from t5like.training.presets import tiny_pretraining
+from t5like.config.presets import tiny_pretraining
 
 
 def get_config():

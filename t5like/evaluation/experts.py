@@ -116,17 +116,15 @@ def plot(analysis: dict[str, Any], png: str, title: str) -> None:
 
 
 def subset_batches(cfg, rows: int, max_batches: int) -> dict[str, list[dict]]:
-  """Held-out batches of each part of the run's mixture (the mixture itself if it has none)."""
-  from t5like.data import pipeline
-  from t5like.evaluation.checkpoint_eval import child_names
-  mixture = cfg.data.eval_mixture or cfg.data.mixture
-  pipeline.resolve_mixture(cfg, mixture)
+  """Each part of the run's held-out mixture (``t5like.data.held_out``: the same fixed rows the
+  held-out loss reads): up to ``max_batches`` batches of ``rows`` rows (padding rows all zero)."""
+  from t5like.data import held_out
   out = {}
-  for task in child_names(mixture) or [mixture]:
-    it = pipeline.make_iterator(cfg, split="validation", batch_size=rows, shuffle=False,
-                                repeat=False, mixture=task)
+  for part in held_out.parts(cfg):
+    it = held_out.sample_iterator_factory(cfg, part, batches=max_batches, global_rows=rows,
+                                          batch_size=rows)()
     try:
-      out[task] = [b for _, b in zip(range(max_batches), it)]
+      out[part.name] = [dict(b) for _, b in zip(range(max_batches), it)]
     finally:
       if hasattr(it, "close"):
         it.close()

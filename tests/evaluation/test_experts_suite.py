@@ -32,7 +32,7 @@ def workdir(tmp_path_factory):
 @pytest.mark.slow  # ~2 min on 2 cores: trains a checkpoint on the embedded data first.
 def test_experts_suite_counts_match_direct_counts(workdir, tmp_path):
   from t5like.evaluation import experts
-  from t5like.evaluation.checkpoint_eval import restore_model
+  from t5like.training.restore import restore_model
   from t5like.evaluation.suite import run_suite
   out = str(tmp_path / "suite")
   results = run_suite([workdir], ["experts", "ppl", "attention"], output_dir=out,

@@ -45,11 +45,14 @@ def padded_batch(cfg, setup):
 
 
 def _forward_loads(setup, state, batch):
-  """Loads per MoE stack from a plain forward outside the step."""
-  model = nnx.merge(setup.graphdef, state.params, state.model_state)
-  with moe.collect_stats():
-    model(batch)
-  return {k: np.asarray(v.load) for k, v in moe.pop_layer_stats(model).items()}
+  """Loads per MoE stack from a plain (jitted) forward outside the step."""
+  @jax.jit
+  def loads(params, model_state, batch):
+    model = nnx.merge(setup.graphdef, params, model_state)
+    with moe.collect_stats():
+      model(batch)
+    return {k: v.load for k, v in moe.pop_layer_stats(model).items()}
+  return jax.tree.map(np.asarray, loads(state.params, state.model_state, batch))
 
 
 @pytest.mark.parametrize("family", ["decllm", "redllm"])

@@ -15,8 +15,9 @@ un-sorted and combined with the gates. Every routed pair is computed: nothing is
 With ``moe.capacity_factor > 0`` the routed experts run on fixed-size buffers instead, over the
 ``expert`` mesh axis when there is one (``moe_dispatch.py``); pairs over capacity are dropped.
 
-Every call records ``MoEStats`` (loads over the real tokens, the sequence-wise balance loss, the
-router z-loss) as an ``nnx.Intermediate`` named ``stats``; the layer stack collects them.
+Under ``collect_stats()`` every call records ``MoEStats`` (loads over the real tokens, the
+sequence-wise balance loss, the router z-loss) as an ``nnx.Intermediate`` named ``stats``; the
+layer stack collects them.
 """
 from __future__ import annotations
 
@@ -218,8 +219,10 @@ class MoEFeedForward(nnx.Module):
     y_btd = jnp.einsum("btk,btkd->btd", gates_btk, routed_btkd.astype(jnp.float32))
     if self.shared is not None:
       y_btd = y_btd + self.shared(x_btd, rng=fold(rng, 1)).astype(jnp.float32)
-    stats = routing_stats(logits_bte, scores_bte, idx_btk, valid_bt, kept_btk)
-    self.stats = nnx.Intermediate(stats._replace(chosen=idx_btk) if _COLLECT.get()[1] else stats)
+    if collecting():  # Only then: generation's persistent layers are never mutated.
+      stats = routing_stats(logits_bte, scores_bte, idx_btk, valid_bt, kept_btk)
+      self.stats = nnx.Intermediate(stats._replace(chosen=idx_btk) if _COLLECT.get()[1]
+                                    else stats)
     return y_btd.astype(dt)
 
 

@@ -34,7 +34,9 @@ def test_capacity_with_room_for_all_equals_dropless_forward_and_gradients():
   for layer in (dropless, capped):
     graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
     loss = lambda p, x: jnp.sum(nnx.merge(graphdef, p, rest)(x) * w)  # noqa: E731
-    outs.append((layer(x), jax.grad(loss, argnums=(0, 1))(params, x)))
+    with moe.collect_stats():
+      y = layer(x)
+    outs.append((y, jax.grad(loss, argnums=(0, 1))(params, x)))
     assert float(layer.stats.get_value().dropped) == 0
   np.testing.assert_allclose(np.asarray(outs[1][0]), np.asarray(outs[0][0]), atol=1e-5)
   for a, b in zip(jax.tree.leaves(outs[1][1]), jax.tree.leaves(outs[0][1])):
@@ -50,7 +52,8 @@ def test_dropped_pairs_equal_a_direct_count(factor):
   x = jax.random.normal(jax.random.key(2), (b, t, cfg.d_model))
   valid = np.ones((b, t), bool)
   valid[1, 6:] = False  # Padding claims no place.
-  got = np.asarray(capped(x, jnp.asarray(valid)))
+  with moe.collect_stats():
+    got = np.asarray(capped(x, jnp.asarray(valid)))
   _, _, idx, gates = capped.route(x)
   idx, gates = np.asarray(idx).reshape(-1, k), np.asarray(gates).reshape(-1, k)
   cap = math.ceil(factor * b * t * k / e)

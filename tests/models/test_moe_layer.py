@@ -150,7 +150,8 @@ def test_stats_count_only_real_tokens():
   layer, _ = _layer(cfg)
   x = jax.random.normal(jax.random.key(3), (2, 6, cfg.d_model), jnp.float32)
   valid = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], bool)
-  layer(x, jnp.asarray(valid))
+  with moe.collect_stats():
+    layer(x, jnp.asarray(valid))
   stats = layer.stats.get_value()
   logits = np.asarray(layer.router(x), np.float64)
   _, _, idx, _ = layer.route(x)

@@ -85,8 +85,10 @@ def get_experiment(budget: str = "quick") -> ExperimentSpec:
                  "causal decoder. 'supported' if each step of that order holds by more than m, "
                  "'contradicted' if any step is reversed by more than m, else 'inconclusive'. "
                  "(2) Wang et al.: the mean 0-shot score over the shipped tasks; 'supported' if "
-                 "causal decoder + full LM beats every other cell by more than m, 'contradicted' "
-                 "if some cell beats it by more than m, else 'inconclusive'. The prefix-LM "
+                 "causal decoder + full LM beats every other cell by more than g, 'contradicted' "
+                 "if some cell beats it by more than g, else 'inconclusive', where g is the "
+                 "larger of m and 2 standard errors of the difference (from the tasks' own "
+                 "standard errors). The prefix-LM "
                  "held-out loss on the same target tokens is reported for every cell (no rule)."),
       scale_note=(f"d_model 128 tiny models (decoders 2 layers; encoder-decoders 2 + 2, as T5's "
                   "equal-FLOPs row, the shared one with the decoders' parameter count), "
@@ -95,4 +97,4 @@ def get_experiment(budget: str = "quick") -> ExperimentSpec:
                   f"rows {i} input + {t} target tokens; embedded RedPajama sample. Zero-shot "
                   "scores of models this small sit near chance: the rule expects 'inconclusive' "
                   "there unless a real gap shows."),
-      params=(("margin", 0.02),)).validate()
+      params=(("margin", 0.02), ("sigmas", 2.0))).validate()

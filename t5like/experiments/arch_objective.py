@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from t5like.experiments.instruct import _task_mean  # pylint: disable=protected-access
 from t5like.experiments.report import Analysis, Verdict, markdown_table, new_figure, save_figure
 from t5like.experiments.spec import ExperimentSpec
 
@@ -25,6 +24,23 @@ def _mean(values) -> float:
   return float(np.mean(values)) if values else math.nan
 
 
+def _task_score(rows) -> tuple[float, float]:
+  """Mean over seeds and tasks of each task's first metric, and its standard error (the tasks'
+  own standard errors combined as for a mean of independent estimates; 0 where a task has none).
+  (NaN, NaN) when no run has task scores."""
+  means, errs = [], []
+  for r in rows:
+    for m in r.get("tasks", {}).get("scores", {}).values():
+      if not m or "error" in m:
+        continue
+      name = next(k for k in m if not k.endswith("_stderr"))
+      means.append(m[name])
+      errs.append(m.get(f"{name}_stderr", 0.0))
+  if not means:
+    return math.nan, math.nan
+  return float(np.mean(means)), float(np.sqrt(np.sum(np.square(errs))) / len(errs))
+
+
 def grid(results: dict[str, dict[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
   """(arch, objective) -> {prefix_loss, span_loss, task_score, seeds}, means over seeds."""
   cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -33,7 +49,8 @@ def grid(results: dict[str, dict[str, Any]]) -> dict[tuple[str, str], dict[str, 
   return {key: {"prefix_loss": _mean([r.get("eval_loss") for r in rows]),
                 "span_loss": _mean([r.get("evals", {}).get("span_corruption", {})
                                     .get("eval_loss") for r in rows]),
-                "task_score": _task_mean(rows), "seeds": len(rows),
+                "task_score": _task_score(rows)[0], "task_stderr": _task_score(rows)[1],
+                "seeds": len(rows),
                 "train_gflops": _mean([(r.get("train_flops") or math.nan) / 1e9 for r in rows])}
           for key, rows in cells.items()}
 
@@ -54,19 +71,26 @@ def judge_t5(cells, margin: float) -> Verdict:
   return Verdict(claim, "inconclusive", evidence)
 
 
-def judge_wang(cells, margin: float) -> Verdict:
+def judge_wang(cells, margin: float, sigmas: float = 2.0) -> Verdict:
+  """The gap to the best other cell must exceed both ``margin`` and ``sigmas`` standard errors of
+  the difference (the 0-shot means are over few examples: a gap inside their noise decides
+  nothing)."""
   claim = "Wang et al.: causal decoder + full LM is the best 0-shot after pretraining"
-  best = cells.get(("causal_decoder", "full_lm"), {}).get("task_score", math.nan)
-  others = {k: v["task_score"] for k, v in cells.items()
+  mine = cells.get(("causal_decoder", "full_lm"), {})
+  best, best_err = mine.get("task_score", math.nan), mine.get("task_stderr", math.nan)
+  others = {k: v for k, v in cells.items()
             if k != ("causal_decoder", "full_lm") and not math.isnan(v["task_score"])}
   if math.isnan(best) or not others:
     return Verdict(claim, "inconclusive", "no 0-shot scores for the comparison")
-  (runner_up, score) = max(others.items(), key=lambda kv: kv[1])
-  evidence = (f"causal decoder + full LM {best:.3f}; best other {'/'.join(runner_up)} "
-              f"{score:.3f} (margin {margin})")
-  if best - score > margin:
+  runner_up, other = max(others.items(), key=lambda kv: kv[1]["task_score"])
+  score = other["task_score"]
+  need = max(margin, sigmas * math.hypot(best_err, other.get("task_stderr", 0.0)))
+  evidence = (f"causal decoder + full LM {best:.3f} ± {best_err:.3f}; best other "
+              f"{'/'.join(runner_up)} {score:.3f} ± {other.get('task_stderr', 0.0):.3f} "
+              f"(gap needed {need:.3f}: max of margin {margin} and {sigmas:g} standard errors)")
+  if best - score > need:
     return Verdict(claim, "supported", evidence)
-  if score - best > margin:
+  if score - best > need:
     return Verdict(claim, "contradicted", evidence)
   return Verdict(claim, "inconclusive", evidence)
 
@@ -100,7 +124,7 @@ def analyse(spec: ExperimentSpec, results: dict[str, dict[str, Any]],
             output_dir: str) -> Analysis:
   margin = spec.param("margin", 0.02)
   cells = grid(results)
-  verdicts = [judge_t5(cells, margin), judge_wang(cells, margin)]
+  verdicts = [judge_t5(cells, margin), judge_wang(cells, margin, spec.param("sigmas", 2.0))]
   rows = [(a, o, v["seeds"], v["prefix_loss"], v["span_loss"], v["task_score"],
            v["train_gflops"])
           for (a, o), v in sorted(cells.items(), key=lambda kv: (ARCHS.index(kv[0][0]),

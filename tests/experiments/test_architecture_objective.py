@@ -86,6 +86,14 @@ def test_rules_on_made_up_results(tmp_path):
   close = {k: 4.0 + 0.01 * i for i, k in enumerate(t5_order)}
   a = arch_objective.analyse(spec, _results(close, {}), str(tmp_path))
   assert [v.verdict for v in a.verdicts] == ["inconclusive", "inconclusive"]
+  # A gap above the margin but inside the 0-shot means' noise decides nothing: with each task
+  # score's standard error 0.15 the 0.2 gap is under 2 standard errors of the difference (0.42).
+  noisy = _results(t5_order, wang)
+  for r in noisy.values():
+    r["tasks"]["scores"]["t"]["multiple_choice_grade_stderr"] = 0.15
+  a = arch_objective.analyse(spec, noisy, str(tmp_path))
+  assert [v.verdict for v in a.verdicts] == ["supported", "inconclusive"]
+  assert "± 0.150" in a.verdicts[1].evidence
   cells = arch_objective.grid(_results(t5_order, wang))
   assert cells["encoder_decoder", "span_corruption"]["span_loss"] == 4.0
   assert math.isnan(cells.get(("encoder_decoder", "full_lm"), {}).get("span_loss", math.nan))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -67,11 +68,25 @@ def _make_workdir(workdir: str) -> None:
                       f"{str(e).splitlines()[0][:300] if str(e) else ''}") from None
 
 
+class _Stderr(logging.StreamHandler):
+  """The console handler: writes to whatever ``sys.stderr`` is when a record comes (a handler
+  bound to the stream of its creation writes into a closed one once that stream is replaced, as
+  by an in-process CLI test's capture)."""
+
+  @property
+  def stream(self):
+    return sys.stderr
+
+  @stream.setter
+  def stream(self, value):
+    del value
+
+
 def _setup_logging(workdir: str) -> logging.Handler | None:
   log.setLevel(logging.INFO)
   if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
              for h in log.handlers):
-    console = logging.StreamHandler()
+    console = _Stderr()
     console.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     log.addHandler(console)
   log.propagate = False

@@ -30,7 +30,7 @@ def _normal(*shape, dtype=jnp.float32):
 
 
 def _backend(name):
-  return ops._backend(name, "xla")
+  return ops._backend(name, "xla", 0)
 
 
 def _check_op(name, fn, args, rel=1e-4, grad=True):

@@ -125,6 +125,8 @@ def _main(argv: list[str]) -> int:
                                      args.data_dir, args.flan_dir, args.vocab_path,
                                      args.validation_holdout)))
     return 0
+  for name in names:  # Unknown names fail before anything is set up.
+    load_experiment(name, budget)
   from t5like import runtime
   runtime.init_tensorflow()
   _compilation_cache(args.output_dir)

@@ -393,29 +393,25 @@ def from_saved(tree: Any, abstract_state: Any) -> Any:
   return abstract_state.replace(**tree) if isinstance(tree, dict) else tree
 
 
-def restore_model_state(step_dir: str, abstract_model_state: Any) -> Any:
-  """Only the TrainState's ``model_state`` (MoE selection biases) in ``step_dir/state``, placed
-  as ``abstract_model_state`` says; ``{}`` for a dense model."""
-  if not jax.tree.leaves(abstract_model_state):
-    return abstract_model_state
-  restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_model_state)
+def _restore_field(step_dir: str, name: str, abstract: Any) -> Any:
+  """The TrainState field ``name`` alone from ``step_dir/state``, placed as ``abstract`` says
+  (its shardings); the rest of the checkpoint is not read."""
+  restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
   with ocp.PyTreeCheckpointer() as ckptr:
     out = ckptr.restore(
         paths.join(step_dir, STATE),
-        args=ocp.args.PyTreeRestore(item={"model_state": abstract_model_state},
-                                    restore_args={"model_state": restore_args},
+        args=ocp.args.PyTreeRestore(item={name: abstract}, restore_args={name: restore_args},
                                     partial_restore=True))
-  return out["model_state"]
+  return out[name]
+
+
+def restore_model_state(step_dir: str, abstract_model_state: Any) -> Any:
+  """Only the TrainState's ``model_state`` (MoE selection biases); ``{}`` for a dense model."""
+  if not jax.tree.leaves(abstract_model_state):
+    return abstract_model_state
+  return _restore_field(step_dir, "model_state", abstract_model_state)
 
 
 def restore_params(step_dir: str, abstract_params: Any) -> Any:
-  """Only the parameters of the TrainState in ``step_dir/state``, placed as ``abstract_params``
-  says (their shardings); the optimizer state in the checkpoint is not read."""
-  restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
-  with ocp.PyTreeCheckpointer() as ckptr:
-    out = ckptr.restore(
-        paths.join(step_dir, STATE),
-        args=ocp.args.PyTreeRestore(item={"params": abstract_params},
-                                    restore_args={"params": restore_args},
-                                    partial_restore=True))
-  return out["params"]
+  """Only the parameters of the TrainState; the optimizer state in the checkpoint is not read."""
+  return _restore_field(step_dir, "params", abstract_params)

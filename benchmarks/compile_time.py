@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import platform
 import re
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,8 +36,59 @@ _STABLEHLO_OP = re.compile(r"=\s+(?:\"?)(stablehlo\.[a-z_]+|func\.call|sdy\.[a-z
 _HLO_OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+ = [^ ]+(?: [^ ]+)*? ([a-z][\w\-]*)\(", re.M)
 
 
+_STAGE = re.compile(r"(HLO_PASSES|BACKEND_PASSES|CODE_GENERATION) stage duration: (\S+)")
+_BUNDLES = re.compile(r"final program bundle count: ([\d,]+)")
+_PARTITIONER = re.compile(r"HLO pass: xla-partitioner time: ([\d.]+) (us|ms|s|min)\b")
+_UNIT = {"h": 3600.0, "min": 60.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+# libtpu's own log of its compile (read from stderr, the only place it says it): the stage
+# durations and the final program's bundle count at INFO, XLA's per-pass timers at vmodule 1.
+LIBTPU_LOG_ENV = {"TPU_MIN_LOG_LEVEL": "0", "TPU_STDERR_LOG_LEVEL": "0",
+                  "TPU_VMODULE": "hlo_pass_pipeline=1"}
+LIBTPU_XLA_FLAG = "--xla_enable_scoped_logging_timers=true"
+
+
 def op_counts(text: str, pattern: re.Pattern) -> collections.Counter:
   return collections.Counter(m.group(1) for m in pattern.finditer(text))
+
+
+def _seconds(duration: str) -> float:
+  """A Go-style duration as libtpu prints it ("9m50.15s", "477.2ms") -> seconds."""
+  return sum(float(v) * _UNIT[u] for v, u in re.findall(r"([\d.]+)(h|min|ms|us|ns|m|s)", duration))
+
+
+def libtpu_stages(log: str) -> dict:
+  """XLA:TPU's compile split from its log: HLO passes (SPMD partitioning among them), the
+  backend (LLO scheduling and register allocation, per kernel), code generation, and the
+  final program's VLIW bundle count (what the backend's time grows with)."""
+  out = {name.lower(): _seconds(d) for name, d in _STAGE.findall(log)}
+  part = _PARTITIONER.findall(log)
+  if part:
+    out["spmd_partitioning"] = sum(float(v) * _UNIT[u] for v, u in part)
+  bundles = _BUNDLES.findall(log)
+  if bundles:
+    out["bundles"] = int(bundles[-1].replace(",", ""))
+  return out
+
+
+@contextlib.contextmanager
+def captured_fd2():
+  """Everything written to file descriptor 2 (C++ logs included) -> ``out["text"]``."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  out = {}
+  with tempfile.TemporaryFile() as f:
+    os.dup2(f.fileno(), 2)
+    try:
+      yield out
+    except BaseException:
+      f.seek(0)
+      os.write(saved, f.read()[-20000:])
+      raise
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      f.seek(0)
+      out["text"] = f.read().decode(errors="replace")
 
 
 def measure(cfg, devices, which: str = "train", compile_: bool = True) -> dict:
@@ -61,14 +114,15 @@ def measure(cfg, devices, which: str = "train", compile_: bool = True) -> dict:
     t1 = time.perf_counter()
     lowered = traced.lower()
   t2, c2 = time.perf_counter(), time.process_time()
-  compiled = lowered.compile() if compile_ else None
+  with captured_fd2() as log:
+    compiled = lowered.compile() if compile_ else None
   t3, c3 = time.perf_counter(), time.process_time()
   before = op_counts(lowered.as_text(), _STABLEHLO_OP)
   after = op_counts((compiled.as_text() or "") if compiled else "", _HLO_OP)
   return {"trace_lower_cpu_s": c2 - c0, "compile_cpu_s": c3 - c2, "trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
           "ops_before": sum(before.values()), "ops_after": sum(after.values()),
           "top_before": before.most_common(6), "top_after": after.most_common(6),
-          "devices": len(devices), "mesh": dict(mesh.shape)}
+          "devices": len(devices), "mesh": dict(mesh.shape), **libtpu_stages(log["text"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,22 +134,21 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--ops", action="store_true", help="print the most frequent ops")
   parser.add_argument("--lower_only", action="store_true",
                       help="trace and lower only (no XLA compile): the StableHLO op counts")
-  parser.add_argument("--causal_max_blocks", type=int, default=0,
-                      help="experiment: query blocks of causal attention "
-                           "(t5like.ops.xla.CAUSAL_MAX_BLOCKS; 0 = as shipped)")
+  parser.add_argument("--baseline", action="store_true",
+                      help="also a plain scanned decoder step at each DecLLM config's shapes "
+                           "(benchmarks/compile_baseline.py), compiled in the same run")
   args, rest = parser.parse_known_args(argv)
   bad = [r for r in rest if not r.startswith("--config.") or "=" not in r]
   if bad:
     parser.error(f"unrecognised arguments {bad}; overrides look like --config.train.microbatches=2")
   overrides = [r[len("--config."):] for r in rest]
+  if args.topology:  # Before libtpu loads: its compile log says where the time went.
+    os.environ.update(LIBTPU_LOG_ENV)
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {LIBTPU_XLA_FLAG}".strip()
   import jax
   from t5like.config import ConfigError, load_config
   from t5like.training import aot
   jax.config.update("jax_enable_compilation_cache", False)  # Cold compiles only.
-  if args.causal_max_blocks:  # Experiment only: the model's own constant, set before tracing.
-    from t5like.ops import xla
-    xla.CAUSAL_MAX_BLOCKS = args.causal_max_blocks
-  note = f", CAUSAL_MAX_BLOCKS={args.causal_max_blocks}" if args.causal_max_blocks else ""
   try:
     devices = aot.topology_devices(args.topology)[1] if args.topology else jax.devices()
   except ConfigError as e:
@@ -103,10 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, jax "
         f"{jax.__version__}, {args.topology or 'local devices'}, {time.strftime('%Y-%m-%d')}"
-        f"{', overrides ' + ' '.join(overrides) if overrides else ''}{note}")
-  print("| config | step | trace s | lower s | compile s | total s | CPU s: trace+lower / "
-        "compile | StableHLO ops | HLO ops after XLA |")
-  print("|---|---|---|---|---|---|---|---|---|")
+        f"{', overrides ' + ' '.join(overrides) if overrides else ''}")
+  print("| config | step | trace s | lower s | XLA compile s | CPU s: trace+lower / compile | "
+        "XLA:TPU s: HLO passes (SPMD) / backend / code gen | bundles | StableHLO ops | "
+        "HLO ops after XLA |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
   for path in args.configs:
     try:
       cfg = load_config(path, overrides)
@@ -116,14 +170,34 @@ def main(argv: list[str] | None = None) -> int:
     name = os.path.splitext(os.path.basename(path))[0]
     for which in ("train", "eval") if args.eval else ("train",):
       r = measure(cfg, devices, which, compile_=not args.lower_only)
-      print(f"| {name} | {which} | {r['trace_s']:.1f} | {r['lower_s']:.1f} | "
-            f"{r['compile_s']:.1f} | {r['total_s']:.1f} | {r['trace_lower_cpu_s']:.1f} / "
-            f"{r['compile_cpu_s']:.1f} | {r['ops_before']} | "
-            f"{r['ops_after']} |", flush=True)
+      print(_row(name, which, r), flush=True)
       if args.ops:
-        print(f"|   | most frequent | | | | | | {r['top_before']} | {r['top_after']} |",
+        print(f"|   | most frequent | | | | | | | {r['top_before']} | {r['top_after']} |",
               flush=True)
+    if args.baseline and cfg.model.family == "decllm" and not args.lower_only:
+      print(_row(f"{name}: plain decoder", "train", _baseline(cfg, devices)), flush=True)
   return 0
+
+
+def _baseline(cfg, devices) -> dict:
+  from benchmarks import compile_baseline
+  with captured_fd2() as log:
+    r = compile_baseline.measure(cfg, devices)
+  ops_before = sum(op_counts(r["lowered"].as_text(), _STABLEHLO_OP).values())
+  ops_after = sum(op_counts(r["compiled"].as_text() or "", _HLO_OP).values())
+  return {**r, "trace_s": 0.0, "ops_before": ops_before, "ops_after": ops_after,
+          **libtpu_stages(log["text"])}
+
+
+def _row(name: str, which: str, r: dict) -> str:
+  stages = "—"
+  if "backend_passes" in r:
+    stages = (f"{r.get('hlo_passes', 0):.1f} ({r.get('spmd_partitioning', 0):.1f}) / "
+              f"{r['backend_passes']:.1f} / {r.get('code_generation', 0):.1f}")
+  bundles = f"{r['bundles']:,}" if "bundles" in r else "—"
+  return (f"| {name} | {which} | {r['trace_s']:.1f} | {r['lower_s']:.1f} | "
+          f"{r['compile_s']:.1f} | {r['trace_lower_cpu_s']:.1f} / {r['compile_cpu_s']:.1f} | "
+          f"{stages} | {bundles} | {r['ops_before']} | {r['ops_after']} |")
 
 
 if __name__ == "__main__":

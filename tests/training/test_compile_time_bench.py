@@ -1,0 +1,50 @@
+"""benchmarks/compile_time.py: libtpu's compile log read into stages, and (``make test-aot``) the
+benchmark compiling a tiny config and its plain-decoder baseline for a TPU slice."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import compile_time
+from train_helpers import REPO, subprocess_env
+
+LOG = """\
+I1127 19:53:43.670565 1 hlo_pass_pipeline.cc:176] HLO pass: shardy-xla time: 714 ms (713556 us)
+I1127 19:53:43.791499 1 hlo_pass_pipeline.cc:176] HLO pass: xla-partitioner time: 835 ms (834712 us)
+I1127 19:53:49.723843 1 deepsea_compiler_hlo_passes.cc:6241] HLO_PASSES stage duration: 7.52260780275s
+I1127 20:03:40.970737 1 deepsea_compiler_base.cc:3931] BACKEND_PASSES stage duration: 9m50.15325930525s
+I1127 20:03:59.947389 1 deepsea_compiler_backend.cc:1773] final program bundle count: 1,693,838 note
+I1127 20:04:02.840566 1 deepsea_compiler_backend.cc:1488] CODE_GENERATION stage duration: 477.2ms
+"""
+
+
+def test_libtpu_log_is_read_into_stages():
+  stages = compile_time.libtpu_stages(LOG)
+  assert stages == pytest.approx({"hlo_passes": 7.52260780275, "backend_passes": 590.15325930525,
+                                  "code_generation": 0.4772, "spmd_partitioning": 0.835,
+                                  "bundles": 1693838})
+  assert compile_time.libtpu_stages("no libtpu here") == {}
+
+
+def test_fd2_capture_sees_what_cpp_writes_and_restores_stderr():
+  with compile_time.captured_fd2() as log:
+    os.write(2, b"written to fd 2\n")
+  assert log["text"] == "written to fd 2\n"
+  os.write(2, b"")  # fd 2 is usable again.
+
+
+@pytest.mark.aot
+def test_benchmark_splits_a_tpu_compile_and_compiles_the_baseline():
+  proc = subprocess.run(
+      [sys.executable, os.path.join(REPO, "benchmarks", "compile_time.py"), "--topology",
+       "v5e-4", "--baseline", os.path.join(REPO, "configs", "tiny_decllm.py")],
+      cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| tiny")]
+  assert [r[1].strip() for r in rows] == ["tiny_decllm", "tiny_decllm: plain decoder"], proc.stdout
+  for r in rows:  # HLO passes (SPMD) / backend / code gen, and a bundle count, from libtpu.
+    hlo, backend, codegen = r[7].split("/")
+    assert float(backend) > 0 and int(r[8].replace(",", "")) > 0, proc.stdout

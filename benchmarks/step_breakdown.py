@@ -112,7 +112,7 @@ def _attention_pieces(m, batch, reps: int) -> list[tuple[str, float]]:
   cache: dict = {}
   proj = core = normrope = 0.0
   for tq, tk, kind in _attention_calls(m, batch):
-    causal = kind == "causal"  # Query blocks skip later keys (the ``xla`` forms).
+    causal = kind == "causal"  # xla_cpu: query blocks skip later keys.
     if (tq, tk, kind) not in cache:
       xq = jax.random.normal(key, (b, tq, m.d_model), dt)
       xk = jax.random.normal(key, (b, tk, m.d_model), dt)

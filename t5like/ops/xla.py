@@ -10,8 +10,9 @@
   sin/cos were recomputed per head and per layer, forward and backward.
 - The attention core on heads-major operands, a kv group's query heads stacked along the query
   axis (XLA:CPU 1.3-1.5x faster than with a separate group axis), the mask as an additive bias,
-  and for a causal mask the queries in blocks that skip the keys after their last row
-  (1.3-2x at 256-2,048 tokens; at most ``CAUSAL_MAX_BLOCKS`` blocks for TPU compile time).
+  one score matrix per attention whatever the mask (causal query blocks are ``xla_cpu``'s: on a
+  TPU every block is its own kernels, ~35k more VLIW bundles each for an 8B step's compile,
+  while ``attention_impl=splash`` skips masked blocks with the compile of one).
 """
 from __future__ import annotations
 
@@ -22,11 +23,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from t5like.ops.reference import NEG_INF, Reference, Rotary, dropout, fold, rotation
-
-CAUSAL_BLOCK = 128  # Fewest query rows per block of a causal mask,
-CAUSAL_MAX_BLOCKS = 8  # and most blocks.
-
+from t5like.ops.reference import NEG_INF, Reference, Rotary, dropout, rotation
 
 def _low(dt) -> bool:
   return jnp.dtype(dt) in (jnp.bfloat16, jnp.float16)
@@ -65,17 +62,7 @@ class Xla(Reference):
         tuple(rotation(positions_bt, head_dim, max_wavelength))))
 
   def attention_core(self, q_bthk, k_bsgk, v_bsgk, mask_bhts, causal, dropout_rate, rng):
-    t = q_bthk.shape[1]
-    block = max(CAUSAL_BLOCK, -(-t // CAUSAL_MAX_BLOCKS))
-    if not causal or t <= block:
-      return _attend(q_bthk, k_bsgk, v_bsgk, mask_bhts, dropout_rate, rng)
-    assert k_bsgk.shape[1] == t, "a causal mask pairs every query with its own key position"
-    out = []
-    for i, start in enumerate(range(0, t, block)):
-      end = min(start + block, t)
-      out.append(_attend(q_bthk[:, start:end], k_bsgk[:, :end], v_bsgk[:, :end],
-                         mask_bhts[:, :, start:end, :end], dropout_rate, fold(rng, i)))
-    return jnp.concatenate(out, axis=1)
+    return _attend(q_bthk, k_bsgk, v_bsgk, mask_bhts, dropout_rate, rng)
 
 
 def _heads_major(x_bsgk: jax.Array) -> jax.Array:

@@ -9,6 +9,9 @@
 - The RoPE table behind a conditional: XLA:CPU drops optimization barriers before it fuses, so
   unrolled layers recomputed sin/cos per head and layer (5.3 ms against 0.4 per rotation of
   [8, 256, 8, 64]); a conditional is opaque to fusion, both branches are the rotation.
+- Causal self-attention in query blocks, each attending only the keys up to its own last row
+  (1.3-2x at 256-2,048 tokens on XLA:CPU; at most ``CAUSAL_MAX_BLOCKS`` blocks, longer blocks
+  past that).
 """
 from __future__ import annotations
 
@@ -18,8 +21,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from t5like.ops.reference import Rotary, rotation
-from t5like.ops.xla import Xla, _low
+from t5like.ops.reference import Rotary, fold, rotation
+from t5like.ops.xla import Xla, _attend, _low
+
+CAUSAL_BLOCK = 128  # Fewest query rows per block of a causal mask,
+CAUSAL_MAX_BLOCKS = 8  # and most blocks.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +44,19 @@ class XlaCpu(Xla):
       return super().rotary_table(positions_bt, head_dim, max_wavelength)
     rot = lambda p: tuple(rotation(p, head_dim, max_wavelength))  # noqa: E731
     return Rotary(*jax.lax.cond(positions_bt.reshape(-1)[0] > 0, rot, rot, positions_bt))
+
+  def attention_core(self, q_bthk, k_bsgk, v_bsgk, mask_bhts, causal, dropout_rate, rng):
+    t = q_bthk.shape[1]
+    block = max(CAUSAL_BLOCK, -(-t // CAUSAL_MAX_BLOCKS))
+    if not causal or t <= block:
+      return _attend(q_bthk, k_bsgk, v_bsgk, mask_bhts, dropout_rate, rng)
+    assert k_bsgk.shape[1] == t, "a causal mask pairs every query with its own key position"
+    out = []
+    for i, start in enumerate(range(0, t, block)):
+      end = min(start + block, t)
+      out.append(_attend(q_bthk[:, start:end], k_bsgk[:, :end], v_bsgk[:, :end],
+                         mask_bhts[:, :, start:end, :end], dropout_rate, fold(rng, i)))
+    return jnp.concatenate(out, axis=1)
 
 
 def _dot(a, b, ca, cb, acc=jnp.float32):

@@ -20,6 +20,7 @@ from t5like.models.rotary import apply_rope
 from t5like.ops import xla
 from t5like.ops.reference import NEG_INF
 from t5like.ops.xla import attention_weights
+from t5like.ops import xla_cpu
 from t5like.ops.xla_cpu import XlaCpu
 
 XLA = xla.Xla()
@@ -183,7 +184,7 @@ def test_causal_blocks_equal_the_whole_softmax(kv_heads, dtype, rel, monkeypatch
   """Causal query blocks, each attending only the keys up to its own last row, give the softmax
   over every key (those keys are masked for the whole block): packed causal rows with padding,
   grouped kv heads, forward and gradients; and the blocks really skip keys."""
-  monkeypatch.setattr(xla, "CAUSAL_BLOCK", 4)  # 12 queries: blocks of 4, 4 and 4.
+  monkeypatch.setattr(xla_cpu, "CAUSAL_BLOCK", 4)  # 12 queries: blocks of 4, 4 and 4.
   r = jax.random.split(jax.random.key(5), 4)
   q = jax.random.normal(r[0], (2, 12, 4, 8))
   k = jax.random.normal(r[1], (2, 12, kv_heads, 8))
@@ -193,7 +194,7 @@ def test_causal_blocks_equal_the_whole_softmax(kv_heads, dtype, rel, monkeypatch
   cot = jax.random.normal(r[3], (2, 12, 4, 8))
 
   def core(causal):
-    return lambda a, b, c: XLA.attention(a, b, c, mask, causal=causal)
+    return lambda a, b, c: XlaCpu().attention(a, b, c, mask, causal=causal)
 
   ref, ref_vjp = jax.vjp(core(False), q, k, v)  # float32 reference, every key.
   dt = jnp.dtype(dtype)
@@ -205,7 +206,7 @@ def test_causal_blocks_equal_the_whole_softmax(kv_heads, dtype, rel, monkeypatch
     assert_close_to_scale(g, want, rel)
   assert _dot_key_lengths(core(True), q, k, v)[::2] == [4, 8, 12]  # Scores, then PV per block.
   assert _dot_key_lengths(core(False), q, k, v)[::2] == [12]
-  monkeypatch.setattr(xla, "CAUSAL_MAX_BLOCKS", 2)  # Longer blocks, not more of them.
+  monkeypatch.setattr(xla_cpu, "CAUSAL_MAX_BLOCKS", 2)  # Longer blocks, not more of them.
   assert _dot_key_lengths(core(True), q, k, v)[::2] == [6, 12]
 
 
@@ -216,10 +217,10 @@ def test_causal_blocks_in_the_model_equal_one_block(family, monkeypatch):
   ``xla_cpu`` backend; prefix masks are not causal and are never split."""
   batch = _packed_batch(family)
   whole = _loss_and_grads(family, "causal", batch, "xla_cpu")
-  monkeypatch.setattr(xla, "CAUSAL_BLOCK", 4)
+  monkeypatch.setattr(xla_cpu, "CAUSAL_BLOCK", 4)
   key_lengths = []  # Of every self-attention core the model traces (cross-attention: 10 keys).
-  attend = xla._attend
-  monkeypatch.setattr(xla, "_attend",
+  attend = xla_cpu._attend
+  monkeypatch.setattr(xla_cpu, "_attend",
                       lambda q, k, *a: key_lengths.append(k.shape[1]) or attend(q, k, *a))
   blocks = _loss_and_grads(family, "causal", batch, "xla_cpu")
   assert {4, 8, 12} <= set(key_lengths), key_lengths  # The causal stack did run in blocks.

@@ -5,12 +5,11 @@ Both layers are MoE: 8 routed experts of width 128, top-3, plus 1 shared expert,
 (3 + 1) x 128 = 512 hidden units, the dense tiny model's d_ff: equal active feed-forward
 parameters (plus the 8-column router), 2.25x the feed-forward parameters in total.
 """
+from t5like.config.moe import tiny_moe
 from t5like.config.presets import tiny_pretraining
 
 
 def get_config():
   cfg = tiny_pretraining("decllm")
-  m = cfg.model.moe
-  m.num_experts, m.num_shared_experts, m.top_k, m.expert_d_ff = 8, 1, 3, 128
-  m.bias_update_rate, m.balance_loss, m.router_z_loss = 1e-3, 1e-4, 0.0
+  cfg.model.moe = tiny_moe()
   return cfg.validate()

@@ -111,6 +111,14 @@ def stack_moe_flags(moe: MoEConfig, stack: str, num_layers: int) -> tuple[bool, 
                          getattr(moe, f"{stack}_first_dense"))
 
 
+def tiny_moe() -> MoEConfig:
+  """The tiny MoE feed-forward (configs/tiny_*_moe*.py): 8 routed experts of width 128, top-3, plus
+  1 shared expert, so a token uses (3 + 1) x 128 = 512 hidden units, the dense tiny model's d_ff:
+  equal active feed-forward parameters (plus the 8-column router), 2.25x them in total."""
+  return MoEConfig(num_experts=8, num_shared_experts=1, top_k=3, expert_d_ff=128,
+                   bias_update_rate=1e-3, balance_loss=1e-4, router_z_loss=0.0)
+
+
 def paper_moe(d_ff: int) -> MoEConfig:
   """The paper-scale MoE feed-forward at the dense model's active width (docs/moe.md).
 

@@ -37,7 +37,7 @@ def _difference(arms, a: str, b: str, sigmas: float) -> tuple[float, float, str]
   return ma - mb, sigmas * math.sqrt(sa ** 2 / na + sb ** 2 / nb), ""
 
 
-def _task_mean(rows) -> float:
+def task_mean(rows) -> float:
   """Mean over seeds and tasks of each task's first metric (multiple-choice grade or exact
   match) from the runs' 0-shot scores; NaN when no run has task scores."""
   values = [next(iter(m.values())) for r in rows
@@ -71,7 +71,7 @@ def analyse(spec: ExperimentSpec, results: dict[str, dict[str, Any]],
     verdicts.append(Verdict(claim5, verdict, f"loss(BiAttn) - loss(Dec) = {d:+.4f} vs noise "
                             f"{noise:.4f}"))
   rows = []
-  task_means = {v: _task_mean(r) for v, r in arms.items()}
+  task_means = {v: task_mean(r) for v, r in arms.items()}
   for variant in LABELS:
     if variant in arms:
       mean, sd, n = _mean_sd(arms[variant])

@@ -1,5 +1,6 @@
 """DecLLM vs RedLLM, dense and with MoE feed-forwards at equal active parameters: does the sign
-of the held-out loss difference survive (configs/experiments/moe.py)?"""
+of the held-out loss difference survive, after pretraining and after instruction tuning
+(configs/experiments/moe.py)?"""
 from __future__ import annotations
 
 import math
@@ -7,20 +8,25 @@ from typing import Any
 
 import numpy as np
 
+from t5like.experiments.instruct import task_mean
 from t5like.experiments.report import Analysis, Verdict, markdown_table, new_figure, save_figure
 from t5like.experiments.spec import ExperimentSpec
 
+STAGES = {"pretrain": "pretraining (held-out loss, prefix-LM split)",
+          "finetune": "after instruction tuning (held-out FLAN loss)"}
 
-def _arms(results) -> dict[tuple[str, str], list[float]]:
-  arms: dict[tuple[str, str], list[float]] = {}
+
+def _arms(results, stage: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+  """The finished runs of one stage by (family, feed-forward)."""
+  arms: dict[tuple[str, str], list[dict[str, Any]]] = {}
   for r in results.values():
-    if r.get("eval_loss") is not None:
-      arms.setdefault((r["tags"]["family"], r["tags"]["ffn"]), []).append(r["eval_loss"])
+    if r["tags"].get("stage", "pretrain") == stage and r.get("eval_loss") is not None:
+      arms.setdefault((r["tags"]["family"], r["tags"]["ffn"]), []).append(r)
   return arms
 
 
-def _stats(losses: list[float]) -> tuple[float, float, int]:
-  a = np.asarray(losses, np.float64)
+def _stats(rows: list[dict[str, Any]]) -> tuple[float, float, int]:
+  a = np.asarray([r["eval_loss"] for r in rows], np.float64)
   return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else math.nan, len(a)
 
 
@@ -32,8 +38,9 @@ def _difference(arms, ffn: str, sigmas: float) -> tuple[float, float, bool]:
   return mr - md, noise, enough
 
 
-def judge(arms, sigmas: float) -> Verdict:
-  claim = "the RedLLM - DecLLM held-out loss difference has the same sign with MoE as dense"
+def judge(arms, sigmas: float, stage: str = "pretrain") -> Verdict:
+  claim = (f"{STAGES[stage]}: the RedLLM - DecLLM loss difference has the same sign with MoE as "
+           "dense")
   if any(k not in arms for k in (("decllm", "dense"), ("decllm", "moe"), ("redllm", "dense"),
                                  ("redllm", "moe"))):
     return Verdict(claim, "inconclusive", "an arm has no finished run")
@@ -47,27 +54,40 @@ def judge(arms, sigmas: float) -> Verdict:
   return Verdict(claim, "inconclusive", detail)
 
 
-def analyse(spec: ExperimentSpec, results: dict[str, dict[str, Any]],
-            output_dir: str) -> Analysis:
-  arms = _arms(results)
-  verdict = judge(arms, spec.param("sigmas", 2.0))
-  rows = []
-  for (f, ffn), losses in sorted(arms.items()):
-    mean, std, n = _stats(losses)
-    rows.append((f, ffn, n, mean, std))
-  table = markdown_table(("family", "feed-forward", "seeds", "mean held-out loss", "std"), rows)
+def _plot(arms, stage: str, output_dir: str) -> str:
+  """Mean loss per family, dense and MoE bars side by side (error bars: seed std)."""
   fig, ax = new_figure()
   for i, ffn in enumerate(("dense", "moe")):
     fams = [f for f in ("decllm", "redllm") if (f, ffn) in arms]
     ax.bar(np.arange(len(fams)) + 0.35 * i, [_stats(arms[f, ffn])[0] for f in fams], width=0.33,
            yerr=[np.nan_to_num(_stats(arms[f, ffn])[1]) for f in fams], label=ffn)
     ax.set_xticks(np.arange(len(fams)) + 0.17, fams)
-  ax.set_ylabel("held-out loss (nats / target token)")
-  ax.set_title("DecLLM vs RedLLM, dense and MoE (equal active parameters)")
+  ax.set_ylabel("held-out " + ("FLAN " if stage == "finetune" else "") +
+                "loss (nats / target token)")
+  ax.set_title(f"DecLLM vs RedLLM, dense and MoE (equal active params)\n{STAGES[stage]}",
+               fontsize=10)
   if arms:
-    ax.set_ylim(bottom=0.95 * min(min(v) for v in arms.values()))
+    ax.set_ylim(bottom=0.95 * min(r["eval_loss"] for rows in arms.values() for r in rows))
   ax.legend(fontsize=8)
-  plot = save_figure(fig, output_dir, "moe.png")
-  numbers = {"arms": {f"{f}/{ffn}": dict(zip(("mean", "std", "n"), _stats(l)))
-                      for (f, ffn), l in arms.items()}}
-  return Analysis([verdict], [("Held-out loss per arm", table)], numbers, [plot])
+  return save_figure(fig, output_dir, "moe.png" if stage == "pretrain" else f"moe_{stage}.png")
+
+
+def analyse(spec: ExperimentSpec, results: dict[str, dict[str, Any]],
+            output_dir: str) -> Analysis:
+  sigmas = spec.param("sigmas", 2.0)
+  verdicts, tables, plots, numbers = [], [], [], {}
+  for stage, title in STAGES.items():
+    arms = _arms(results, stage)
+    verdicts.append(judge(arms, sigmas, stage))
+    rows = []
+    for (f, ffn), runs in sorted(arms.items()):
+      mean, std, n = _stats(runs)
+      rows.append((f, ffn, n, mean, std) + ((task_mean(runs),) if stage == "finetune" else ()))
+    header = ("family", "feed-forward", "seeds", "mean held-out loss", "std")
+    if stage == "finetune":
+      header += ("0-shot task score (reported, not in the rule)",)
+    tables.append((title[0].upper() + title[1:], markdown_table(header, rows)))
+    plots.append(_plot(arms, stage, output_dir))
+    numbers[stage] = {f"{f}/{ffn}": dict(zip(("mean", "std", "n"), _stats(runs)))
+                      for (f, ffn), runs in arms.items()}
+  return Analysis(verdicts, tables, numbers, plots)

@@ -34,6 +34,10 @@ from t5like.training import aot
 PRETRAIN = [f"{f}_{s}" for s in ("150m", "1b", "2b", "4b", "8b") for f in ("decllm", "redllm")]
 FINETUNE = [f"{f}_{s}_flan" for s in ("150m", "1b", "2b", "4b", "8b")
             for f in ("decllm", "decllm_prefix", "redllm")]
+MOE = [f"{f}_{s}_moe" for s in ("1b", "8b") for f in ("decllm", "redllm")]
+# A mixture-of-experts config is compiled expert-parallel (docs/moe.md): its 8 expert groups one
+# per shard of an 8-way `expert` axis, on the capacity path (the dispatch that runs sharded).
+EXPERT_PARALLEL = ["mesh.expert=8", "model.moe.capacity_factor=1.25"]
 # (remat policy, microbatches) in order of predicted MFU: "dots_no_batch" keeps the matmul outputs
 # (no recomputed FLOPs), "full" recomputes the forward pass (MFU <= 3/4 of compute-bound).
 CANDIDATES = [("dots_no_batch", 1), ("dots_no_batch", 2), ("full", 1), ("full", 2), ("full", 4),
@@ -103,8 +107,8 @@ def _setting(base: Config, r: dict[str, Any]) -> Config:
   """``base`` with the remat policy, microbatches and mesh a stored result chose."""
   cfg = copy.deepcopy(base)
   cfg.model.remat_policy, cfg.train.microbatches = r["remat"], r["microbatches"]
-  cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = (r["mesh"]["data"], r["mesh"]["fsdp"],
-                                                   r["mesh"]["tensor"])
+  for axis, size in r["mesh"].items():
+    setattr(cfg.mesh, axis, size)
   return cfg
 
 
@@ -120,7 +124,7 @@ def splash_variant(cfg: Config, chip: aot.Chip, devices) -> dict[str, Any]:
 def _rank(key: str) -> tuple[int, str]:
   """Table order: the paper configs in PRETRAIN + FINETUNE order, then the slice."""
   name, topo = key.split("@")
-  names = PRETRAIN + FINETUNE
+  names = PRETRAIN + FINETUNE + MOE
   return (names.index(name) if name in names else len(names), topo)
 
 
@@ -197,6 +201,12 @@ def table(results: dict[str, dict[str, Any]], block: str = "") -> str:
   return text
 
 
+def _load(path: str) -> Config:
+  """A config to compile: data placeholders; an MoE config expert-parallel."""
+  base = load_config(path, PLACEHOLDERS)
+  return load_config(path, PLACEHOLDERS + EXPERT_PARALLEL) if base.model.moe.num_experts else base
+
+
 def _jsonable(r: dict[str, Any]) -> dict[str, Any]:
   out = dict(r)
   out["largest_consumer"] = list(r["largest_consumer"])
@@ -214,9 +224,10 @@ def _parse_candidate(text: str) -> tuple[str, int]:
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--topologies", nargs="+", default=["v5p-128", "v5e-256"])
-  ap.add_argument("--configs", nargs="+", default=PRETRAIN + FINETUNE,
-                  help="names under configs/ (default: the ten pretraining and fifteen "
-                       "instruction-tuning paper configs)")
+  ap.add_argument("--configs", nargs="+", default=PRETRAIN + FINETUNE + MOE,
+                  help="names under configs/ (default: the ten pretraining, fifteen "
+                       "instruction-tuning and four mixture-of-experts paper configs; an MoE "
+                       "config is compiled with " + " ".join(EXPERT_PARALLEL) + ")")
   ap.add_argument("--splash_configs", nargs="*", default=[],
                   help="configs also compiled with model.attention_impl=splash at the chosen "
                        "setting (the xla-vs-splash table)")
@@ -241,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     chip, devices = aot.topology_devices(topo)
     for name in args.configs:
       key = f"{name}@{topo}"
-      base = load_config(os.path.join(root, "configs", f"{name}.py"), PLACEHOLDERS)
+      base = _load(os.path.join(root, "configs", f"{name}.py"))
       if key in results:  # Done; maybe still without its requested splash variant.
         if name in args.splash_configs and "splash" not in results[key]:
           print(f"{key} (splash):", flush=True)

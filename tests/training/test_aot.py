@@ -183,3 +183,21 @@ def test_tpu_table_candidates_are_parsed_and_bad_ones_named():
   for bad in ("full", "full/0", "nothing/2", "full/x"):
     with pytest.raises(SystemExit, match="REMAT/MICROBATCHES"):
       tpu_table._parse_candidate(bad)  # pylint: disable=protected-access
+
+
+def test_tpu_table_compiles_moe_configs_expert_parallel():
+  """An MoE paper config is compiled on its expert-parallel setting (an 8-way expert axis, the
+  capacity path), a dense one as it is; a stored result's mesh, expert axis included, is the one
+  the splash variant recompiles; MoE rows follow the dense tables' rows."""
+  from t5like.tools import tpu_table
+  moe = tpu_table._load(os.path.join(REPO, "configs", "redllm_1b_moe.py"))  # pylint: disable=protected-access
+  assert moe.mesh.expert == 8 and moe.model.moe.capacity_factor > 0
+  assert moe.model.moe.num_experts % moe.mesh.expert == 0
+  dense = tpu_table._load(os.path.join(REPO, "configs", "redllm_1b.py"))  # pylint: disable=protected-access
+  assert dense.mesh.expert == 1 and dense.model.moe.num_experts == 0
+  stored = dict(_result(20.0), mesh={"data": 1, "expert": 8, "fsdp": 8, "tensor": 1})
+  again = tpu_table._setting(moe, stored)  # pylint: disable=protected-access
+  assert (again.mesh.data, again.mesh.expert, again.mesh.fsdp) == (1, 8, 8)
+  rows = tpu_table.table({"decllm_1b_moe@v5p-128": stored, "redllm_8b_flan@v5p-128": _result(9.0)})
+  names = [ln.split("|")[1].strip() for ln in rows.splitlines()[2:]]
+  assert names == ["redllm_8b_flan", "decllm_1b_moe"] and "expert8xfsdp8" in rows

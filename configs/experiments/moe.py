@@ -46,6 +46,7 @@ def _paper_runs() -> tuple[RunSpec, ...]:
     moe = "_moe" if ffn == "moe" else ""
     runs.append(RunSpec(name=f"{family}_{ffn}_1b", config=f"{family}_1b{moe}.py",
                         overrides=("data.data_dir={data_dir}",),
+                        eval_overrides=("data.objective=prefix",),
                         tags=(("family", family), ("ffn", ffn))))
     runs.append(RunSpec(name=f"finetune_{family}_{ffn}_1b", config=f"{family}_1b{moe}_flan.py",
                         overrides=("data.data_dir={flan_dir}",),

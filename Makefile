@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow test-aot test-gpu bench-gpu test-hf tpu-table bench clean
+.PHONY: install demo test test-slow test-aot test-gpu bench-gpu test-hf test-t5 tpu-table bench clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard t5like/kernels/*.cc t5like/kernels/*.h)  # Kernels: built at install.
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,21 @@ $(eval $(call extra_venv,$(HF_VENV),hf))
 test-hf: $(HF_STAMP)
 	$(HF_PY) -m pytest -q -p no:cacheprovider -m hf $(PYTEST_ARGS)
 
+# Span corruption against `t5.data.preprocessors` (marked `t5check`): the `t5` package without
+# its dependencies (they would replace seqio / tensorflow-datasets with nightlies), plus the
+# modules it imports (`[t5check]`), in an environment of its own.
+T5_VENV ?= .venv-t5
+T5_PY := $(T5_VENV)/bin/python
+$(T5_VENV)/.installed: pyproject.toml
+	test -x $(T5_PY) || $(PYTHON) -m venv $(T5_VENV)
+	$(T5_PY) -m pip install --quiet --upgrade pip
+	$(T5_PY) -m pip install --quiet -e '.[test,t5check]'
+	$(T5_PY) -m pip install --quiet --no-deps t5==0.9.4
+	touch $(T5_VENV)/.installed
+
+test-t5: $(T5_VENV)/.installed
+	$(T5_PY) -m pytest -q -p no:cacheprovider -m t5check tests/t5check $(PYTEST_ARGS)
+
 # The paper table of docs/pods.md: every paper config compiled for v5p-128 and v5e-256 (a few
 # hours on 2 cores; resumes from runs/tpu_table.json).
 tpu-table: $(TPU_STAMP)
@@ -91,4 +106,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/decode_throughput.py
 
 clean:
-	rm -rf $(VENV) $(TPU_VENV) $(HF_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(TPU_VENV) $(HF_VENV) $(T5_VENV) runs .pytest_cache

@@ -1,14 +1,24 @@
 """A tiny run of each denoising objective x family form learns the embedded corpus: its held-out
-loss ends below the unigram entropy of the same held-out target tokens (sentinels and the
-corrupted spans; for UL2 the mixture's targets): the tiny d_model-128 models of the presets,
-2500 steps of 16 rows. Span corruption is slow to learn at this size: the unigram baseline
-already predicts the sentinels (a quarter of the targets), and beating it needs the decoder to
-find each span's sentinel in the encoder input (a RedLLM run of this shape measured 5.32 held-out
-at step 500, 5.15 at 1000, 4.99 at 1500, against 4.97 nats).
+loss ends below the unigram entropy of the same held-out loss-weighted tokens (sentinels and the
+corrupted spans; every token for the causal decoder's full-sequence loss; for UL2 the mixture's
+targets): the tiny d_model-128 models of the presets, 16 rows a step.
 
-All are ``-m slow`` (minutes each on 2 CPU cores): the encoder-decoder, the non-causal decoder
-and the causal decoder (loss on targets, and on every token) on span corruption, and UL2 on the
-encoder-decoder and the non-causal decoder. The default suite checks the same features by hand
+Span corruption is slow to learn at this size: the unigram baseline already predicts the
+sentinels (a quarter of the targets), and beating it needs the model to find each span's
+sentinel in the input; its cases train 2500 steps. The cases with a language-modelling part
+(UL2's S denoiser and long X spans; the loss on every token) pass in 1000. Measured on a 2-core
+AMD EPYC (Zen 4) shared with other jobs, held-out loss every 250 steps against the baseline:
+
+| case | steps | held-out loss (unigram) | crosses at | wall |
+|---|---|---|---|---|
+| encoder-decoder, span corruption | 2500 | 5.32 at 500, 5.15 at 1000, 4.99 at 1500 (4.97) | after 1500 | earlier run |
+| non-causal decoder, span corruption | 2500 | 4.693 (4.969) | ~1500 (train loss 4.93) | 16 min |
+| causal decoder, span corruption | 2500 | 4.782 (4.969) | 1500 (4.968) | 17 min |
+| causal decoder, loss on every token | 1000 | 5.020 (5.862) | 250 (5.572) | 7 min |
+| encoder-decoder, UL2 | 1000 | 4.875 (4.927) | 750-1000 | 4 min |
+| non-causal decoder, UL2 | 1000 | 4.897 (4.927) | 750-1000 | 8 min |
+
+All are ``-m slow``. The default suite checks the same features by hand
 (tests/data/test_denoising_features.py) and trains through the same pipeline elsewhere.
 """
 from __future__ import annotations
@@ -35,23 +45,23 @@ def _config(form: str, objective: str, steps: int):
   m.vocab_size = vocab.EMBEDDED_VOCAB_SIZE + vocab.T5_EXTRA_IDS
   d.objective, d.extra_ids, d.loss_on_inputs = objective, vocab.T5_EXTRA_IDS, all_tokens
   d.inputs_length, d.targets_length = 64, 16
-  t.batch_size, t.warmup_steps, t.eval_every, t.eval_steps, t.log_every = 16, 10, 0, 4, 50
+  t.batch_size, t.warmup_steps, t.eval_every, t.eval_steps, t.log_every = 16, 10, 250, 4, 50
   cfg.checkpoint.every = 0
   t.progress_bar = False
   return cfg.validate()
 
 
-@pytest.mark.parametrize("form, objective", [
-    pytest.param("encoder_decoder", "span_corruption", marks=pytest.mark.slow),
-    pytest.param("non_causal_decoder", "span_corruption", marks=pytest.mark.slow),
-    pytest.param("causal_decoder", "span_corruption", marks=pytest.mark.slow),
-    pytest.param("causal_decoder_all_tokens", "span_corruption", marks=pytest.mark.slow),
-    pytest.param("encoder_decoder", "ul2", marks=pytest.mark.slow),
-    pytest.param("non_causal_decoder", "ul2", marks=pytest.mark.slow),
+@pytest.mark.parametrize("form, objective, steps", [
+    pytest.param("encoder_decoder", "span_corruption", 2500, marks=pytest.mark.slow),
+    pytest.param("non_causal_decoder", "span_corruption", 2500, marks=pytest.mark.slow),
+    pytest.param("causal_decoder", "span_corruption", 2500, marks=pytest.mark.slow),
+    pytest.param("causal_decoder_all_tokens", "span_corruption", 1000, marks=pytest.mark.slow),
+    pytest.param("encoder_decoder", "ul2", 1000, marks=pytest.mark.slow),
+    pytest.param("non_causal_decoder", "ul2", 1000, marks=pytest.mark.slow),
 ])
 @pytest.mark.timeout(1800)  # Minutes of training each: beyond the suite's 600 s per test.
-def test_tiny_denoising_run_learns(form, objective, tmp_path):
-  cfg = _config(form, objective, steps=2500)
+def test_tiny_denoising_run_learns(form, objective, steps, tmp_path):
+  cfg = _config(form, objective, steps=steps)
   it = PipelineData(cfg).eval(16, 0, 1)
   held_out = [next(it) for _ in range(cfg.train.eval_steps)]
   entropy = unigram_entropy(held_out)

@@ -2,7 +2,8 @@
 compares the trainer's step with (``--baseline``).
 
 Embedding, ``lax.scan`` over ``jax.checkpoint``-ed layers (RMSNorm, q/k/v projections, RoPE,
-one masked softmax attention, output projection, RMSNorm, SwiGLU), tied logits, mean
+one masked softmax attention, output projection, RMSNorm, SwiGLU; the residual stream's batch
+over ``fsdp``), tied logits, mean
 cross-entropy, ``optax.adafactor``; parameters and the batch sharded over one ``fsdp`` axis of
 every device. No q/k/v norm, z-loss, clipping, microbatches, skip guard or metrics: what any
 decoder's train step has, so the difference to the trainer's step is what t5like adds.
@@ -50,7 +51,7 @@ def _rope(x):
   return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
 
 
-def _layer(x, p):
+def _layer(x, p, mesh):
   p = jax.tree.map(lambda a: a.astype(x.dtype), p)
   h = _rms(x, p["norm1"])
   q, k, v = (jnp.einsum("btd,dhk->bthk", h, p[n]) for n in ("wq", "wk", "wv"))
@@ -60,7 +61,8 @@ def _layer(x, p):
   a = jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(scores, -1).astype(x.dtype), v)
   x = x + jnp.einsum("bqhk,hkd->bqd", a, p["wo"])
   h = _rms(x, p["norm2"])
-  return x + (jax.nn.silu(h @ p["wg"]) * (h @ p["wi"])) @ p["wout"], None
+  x = x + (jax.nn.silu(h @ p["wg"]) * (h @ p["wi"])) @ p["wout"]
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("fsdp"))), None
 
 
 def measure(cfg, devices) -> dict:
@@ -74,7 +76,7 @@ def measure(cfg, devices) -> dict:
 
   def loss(params, tokens):
     x = params["embed"].astype(dt)[tokens]
-    x, _ = jax.lax.scan(jax.checkpoint(_layer), x, params["layers"])
+    x, _ = jax.lax.scan(jax.checkpoint(lambda x, p: _layer(x, p, mesh)), x, params["layers"])
     logits = jnp.einsum("btd,vd->btv", _rms(x, params["final_norm"]), params["embed"].astype(dt))
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
                                                            tokens).mean()

@@ -11,7 +11,7 @@ AMD EPYC (Zen 4) shared with other jobs, held-out loss every 250 steps against t
 
 | case | steps | held-out loss (unigram) | crosses at | wall |
 |---|---|---|---|---|
-| encoder-decoder, span corruption | 2500 | 5.32 at 500, 5.15 at 1000, 4.99 at 1500 (4.97) | after 1500 | earlier run |
+| encoder-decoder, span corruption | 2500 | 5.32 at 500, 5.15 at 1000, 4.99 at 1500, below at 2500 (4.97) | after 1500 | 7 min |
 | non-causal decoder, span corruption | 2500 | 4.693 (4.969) | ~1500 (train loss 4.93) | 16 min |
 | causal decoder, span corruption | 2500 | 4.782 (4.969) | 1500 (4.968) | 17 min |
 | causal decoder, loss on every token | 1000 | 5.020 (5.862) | 250 (5.572) | 7 min |

@@ -119,7 +119,8 @@ def measure(cfg, devices, which: str = "train", compile_: bool = True) -> dict:
   t3, c3 = time.perf_counter(), time.process_time()
   before = op_counts(lowered.as_text(), _STABLEHLO_OP)
   after = op_counts((compiled.as_text() or "") if compiled else "", _HLO_OP)
-  return {"trace_lower_cpu_s": c2 - c0, "compile_cpu_s": c3 - c2, "trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
+  return {"trace_lower_cpu_s": c2 - c0, "compile_cpu_s": c3 - c2, "trace_s": t1 - t0,
+          "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
           "ops_before": sum(before.values()), "ops_after": sum(after.values()),
           "top_before": before.most_common(6), "top_after": after.most_common(6),
           "devices": len(devices), "mesh": dict(mesh.shape), **libtpu_stages(log["text"])}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import matplotlib
 import numpy as np
 
 from t5like.experiments.report import Analysis, Verdict, markdown_table, new_figure, save_figure
@@ -105,9 +106,9 @@ def heatmap(cells, output_dir: str, name: str = "architecture_objective.png") ->
     values = np.array([[cells.get((a, o), {}).get(metric, math.nan) for o in OBJECTIVES]
                        for a in ARCHS], np.float64)
     masked = np.ma.masked_invalid(values)
-    cmap = "viridis_r" if metric.endswith("loss") else "viridis"  # Brighter = better.
-    image = ax.imshow(masked, cmap=cmap, aspect="auto")
-    image.cmap.set_bad("lightgrey")
+    # Brighter = better.
+    cmap = matplotlib.colormaps["viridis_r" if metric.endswith("loss") else "viridis"]
+    image = ax.imshow(masked, cmap=cmap.with_extremes(bad="lightgrey"), aspect="auto")
     for (r, c), v in np.ndenumerate(values):
       box = None if math.isnan(v) else {"facecolor": "white", "alpha": 0.7, "lw": 0}
       ax.text(c, r, "n/a" if math.isnan(v) else f"{v:.3f}", ha="center", va="center",

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from t5like.ops.reference import NEG_INF, Reference, Rotary, dropout, rotation
 
+
 def _low(dt) -> bool:
   return jnp.dtype(dt) in (jnp.bfloat16, jnp.float16)
 

@@ -1,7 +1,7 @@
 """Where a train step's compile time goes, per phase, for the paper configs.
 
   python benchmarks/compile_time.py --topology v5p-128 configs/decllm_1b.py configs/redllm_1b.py \
-      [--eval] [--config.key=value ...] [--csv OUT]
+      [--eval] [--baseline] [--config.key=value ...]
 
 For each config, the trainer's own train step (state layout, shardings, microbatches, remat,
 donation: ``step.make_train_step``) for the devices of ``--topology`` (a TPU slice compiled
@@ -9,14 +9,17 @@ ahead of time, needs libtpu: ``.venv-tpu``) or the local ones, timed by ``jax.st
 
 - trace:   Python -> jaxpr (``jit(...).trace``): the model's Python code, once per scanned layer;
 - lower:   jaxpr -> StableHLO (``Traced.lower``);
-- compile: XLA: SPMD partitioning, the HLO optimisation passes and the backend's code generation
-  (``Lowered.compile``), together — JAX does not time them apart;
+- compile: XLA (``Lowered.compile``); JAX does not time its parts, so for a TPU slice they are
+  read from libtpu's own log: HLO passes (SPMD partitioning among them), backend, code
+  generation, and the final program's VLIW bundle count (load-independent: the backend's time
+  follows it);
 
 and counts the program's operations before (StableHLO, one device's view of the global program)
 and after XLA (the optimised per-device HLO). ``--eval`` does the same for the eval step, which a
 run compiles at its first evaluation (and ``--compile_only`` after the train step). The
-persistent compilation cache is off here: every number is a cold compile. One compile at a time
-in this process; on a host shared with other work the times are upper bounds.
+persistent compilation cache is off here: every number is a cold compile. ``--baseline`` also
+compiles a plain scanned decoder of each DecLLM config's shapes (``compile_baseline.py``). One
+compile at a time in this process; on a host shared with other work the times are upper bounds.
 """
 from __future__ import annotations
 

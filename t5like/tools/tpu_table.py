@@ -191,6 +191,19 @@ def block_rows(block: str) -> tuple[dict[str, str], dict[str, str]]:
   return main, splash
 
 
+def table_settings(page: str) -> dict[str, tuple[str, int]]:
+  """``config@slice`` -> (remat, microbatches) of each main-table row in ``page``'s block."""
+  if BEGIN not in page or END not in page:
+    return {}
+  main, _ = block_rows(page.split(BEGIN, 1)[1].split(END, 1)[0])
+  out = {}
+  for key, line in main.items():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) > 5 and cells[4].isdigit():
+      out[key] = (cells[5], int(cells[4]))
+  return out
+
+
 def table(results: dict[str, dict[str, Any]], block: str = "") -> str:
   """The markdown of ``results`` merged into the rows of ``block`` (a table written before)."""
   keep_main, keep_splash = block_rows(block)
@@ -237,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--candidates", nargs="*", default=[],
                   help="search only these settings, REMAT/MICROBATCHES in order (e.g. full/2), "
                        "e.g. a same-shaped config's result: decllm_prefix_* has decllm_*'s memory")
+  ap.add_argument("--from_table", action="store_true",
+                  help="with --readme: recompile each row at the setting its row in the page "
+                       "shows (one compile per row; the search resumes only where that setting "
+                       "no longer fits), so every row's figures come from this run")
   ap.add_argument("--report_only", action="store_true",
                   help="compile nothing: the table of what --results already holds")
   ap.add_argument("--markdown", default="")
@@ -245,9 +262,14 @@ def main(argv: list[str] | None = None) -> int:
   cli.add_debug_argument(ap)
   args = ap.parse_args(argv)
   candidates = [_parse_candidate(c) for c in args.candidates]
+  if args.from_table and not args.readme:
+    raise SystemExit("--from_table reads the rows of --readme's table: name the page")
+  import jax
+  jax.config.update("jax_enable_compilation_cache", False)  # "compile s" is a cold compile.
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   results_path = epath.Path(args.results)
   results = json.loads(results_path.read_text()) if results_path.exists() else {}
+  shown = table_settings(epath.Path(args.readme).read_text()) if args.from_table else {}
   for topo in [] if args.report_only else args.topologies:
     chip, devices = aot.topology_devices(topo)
     for name in args.configs:
@@ -260,8 +282,11 @@ def main(argv: list[str] | None = None) -> int:
           results_path.write_text(json.dumps(results, indent=1, default=float))
         continue
       print(f"{key}:", flush=True)
+      first = [shown[key]] if key in shown else []
       report, chosen = search(base, chip, devices, log=lambda s: print(s, flush=True),
-                              max_compiles=args.max_compiles, candidates=candidates)
+                              max_compiles=args.max_compiles,
+                              candidates=(first + [c for c in candidates or CANDIDATES
+                                                   if c not in first]) if first else candidates)
       if name in args.splash_configs:
         report["splash"] = splash_variant(chosen, chip, devices)
       results[key] = _jsonable(report)

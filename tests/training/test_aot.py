@@ -185,6 +185,18 @@ def test_tpu_table_candidates_are_parsed_and_bad_ones_named():
       tpu_table._parse_candidate(bad)  # pylint: disable=protected-access
 
 
+def test_tpu_table_from_table_reads_each_rows_setting():
+  """``--from_table`` recompiles each row at the setting the page shows: the main table's
+  (remat, microbatches) per ``config@slice``, never the splash table's rows."""
+  from t5like.tools import tpu_table
+  block = tpu_table.table({"decllm_1b@v5p-128": dict(_result(20.0, 2), splash=_result(15.0)),
+                           "redllm_150m@v5e-256": dict(_result(9.0, 1), remat="dots_no_batch")})
+  page = f"intro\n{tpu_table.BEGIN}\n{block}\n{tpu_table.END}\nrest"
+  assert tpu_table.table_settings(page) == {"decllm_1b@v5p-128": ("full", 2),
+                                            "redllm_150m@v5e-256": ("dots_no_batch", 1)}
+  assert tpu_table.table_settings("no table here") == {}
+
+
 def test_tpu_table_compiles_moe_configs_expert_parallel():
   """An MoE paper config is compiled on its expert-parallel setting (an 8-way expert axis, the
   capacity path), a dense one as it is; a stored result's mesh, expert axis included, is the one

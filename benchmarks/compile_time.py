@@ -83,9 +83,10 @@ def captured_fd2():
     os.dup2(f.fileno(), 2)
     try:
       yield out
-    except BaseException:
-      f.seek(0)
-      os.write(saved, f.read()[-20000:])
+    except BaseException as e:  # The log's tail says why, unless XLA's own error does.
+      if type(e).__name__ != "JaxRuntimeError":
+        f.seek(0)
+        os.write(saved, f.read()[-20000:])
       raise
     finally:
       os.dup2(saved, 2)
@@ -173,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
       return 2
     name = os.path.splitext(os.path.basename(path))[0]
     for which in ("train", "eval") if args.eval else ("train",):
-      r = measure(cfg, devices, which, compile_=not args.lower_only)
+      try:
+        r = measure(cfg, devices, which, compile_=not args.lower_only)
+      except jax.errors.JaxRuntimeError as e:  # XLA:TPU refuses a program over the HBM.
+        print(f"| {name} | {which} | does not compile: {str(e).splitlines()[0][:200]} (try "
+              "--config.train.microbatches=N or --config.model.remat_policy=full) |", flush=True)
+        continue
       print(_row(name, which, r), flush=True)
       if args.ops:
         print(f"|   | most frequent | | | | | | | {r['top_before']} | {r['top_after']} |",

@@ -37,7 +37,7 @@ def evaluate_checkpoint(path: str, *, step: int | None = None, overrides: Sequen
     write: write ``<workdir>/eval/step_<N>.json``.
   """
   from t5like.data import held_out as data_held_out, pipeline
-  from t5like.training import checkpointing, held_out, state as state_lib, step as step_lib
+  from t5like.training import held_out, state as state_lib, step as step_lib, step_dirs
   from t5like.training.data import global_batch
 
   t0 = time.time()
@@ -45,8 +45,8 @@ def evaluate_checkpoint(path: str, *, step: int | None = None, overrides: Sequen
   cfg = load_checkpoint_config(step_dir, overrides)
   mesh = partitioning.make_mesh(cfg.mesh)
   setup = state_lib.build_setup(cfg, mesh)
-  params = checkpointing.restore_params(step_dir, setup.abstract_state.params)
-  biases = checkpointing.restore_model_state(step_dir, setup.abstract_state.model_state)
+  params = step_dirs.restore_params(step_dir, setup.abstract_state.params)
+  biases = step_dirs.restore_model_state(step_dir, setup.abstract_state.model_state)
   eval_step = step_lib.bind_model_state(step_lib.make_eval_step(setup), biases)
   pid, nproc = jax.process_index(), jax.process_count()
   rows = cfg.train.eval_batch_size or cfg.train.batch_size

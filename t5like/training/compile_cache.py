@@ -147,10 +147,10 @@ def configure_for_eval(path: str, overrides: list[str]) -> str | None:
   """``eval.py``: the cache of the run it evaluates (its checkpoint's ``train.compile_cache*``,
   then ``--config.train.compile_cache*`` overrides), by default at ``<path>/compile_cache``."""
   from t5like.config import Config, apply_overrides
-  from t5like.training import checkpointing
+  from t5like.training import step_dirs
   cfg = Config()
   try:
-    saved = checkpointing.read_step_config(checkpointing.resolve_step_dir(path)) or {}
+    saved = step_dirs.read_step_config(step_dirs.resolve_step_dir(path)) or {}
   except Exception:  # noqa: BLE001 - eval.py reports a missing or unreadable checkpoint itself.
     saved = {}
   for key in ("compile_cache", "compile_cache_dir", "compile_cache_min_compile_s"):

@@ -27,7 +27,7 @@ from etils import epath
 
 from t5like import partitioning, paths
 from t5like.config import Config, ConfigError, to_dict
-from t5like.training import checkpointing, compile_cache, distributed, startup
+from t5like.training import checkpointing, compile_cache, distributed, startup, step_dirs
 from t5like.training import data as data_lib
 from t5like.training import state as state_lib
 from t5like.training.trainer import NonFiniteError, Trainer  # noqa: F401 - NonFiniteError: API.
@@ -166,10 +166,10 @@ def _run(cfg: Config, workdir: str, data, step_hook) -> dict[str, Any]:
   init_dir = None
   if cfg.train.init_from:
     try:
-      init_dir = checkpointing.resolve_step_dir(cfg.train.init_from)
+      init_dir = step_dirs.resolve_step_dir(cfg.train.init_from)
     except FileNotFoundError as e:
       raise ConfigError(str(e)) from None
-    bad = _arch_mismatch(checkpointing.read_step_config(init_dir), cfg)
+    bad = _arch_mismatch(step_dirs.read_step_config(init_dir), cfg)
     if bad:
       raise ConfigError(f"train.init_from={cfg.train.init_from!r} holds a different "
                         f"architecture: {'; '.join(bad)}")

@@ -17,7 +17,7 @@ from t5like.config import Config, ConfigError, to_dict
 from t5like.errors import UserError
 from t5like.ops import cudnn_packed
 from t5like.training.held_out import held_out_metrics, pad_rows
-from t5like.training import aot, checkpointing, compile_cache, startup
+from t5like.training import aot, checkpointing, compile_cache, startup, step_dirs
 from t5like.training import data as data_lib
 from t5like.training import held_out
 from t5like.training import flops as flops_lib
@@ -130,8 +130,8 @@ class Trainer:
           close_iterator(self.train_iter)  # Every host restarts its stream (agreed in restore).
           self.train_iter = self._open_train_data()
     if self.state is None and self.init_dir is not None:
-      params = checkpointing.restore_params(self.init_dir, setup.abstract_state.params)
-      biases = checkpointing.restore_model_state(self.init_dir, setup.abstract_state.model_state)
+      params = step_dirs.restore_params(self.init_dir, setup.abstract_state.params)
+      biases = step_dirs.restore_model_state(self.init_dir, setup.abstract_state.model_state)
       self.state = state_lib.fresh_state_from_params(setup, params, biases)
       log.info("initialised parameters from %s (fresh optimizer, step 0)", self.init_dir)
     if self.state is None:

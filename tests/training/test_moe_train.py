@@ -11,7 +11,7 @@ from flax import nnx
 
 from t5like import partitioning
 from t5like.models import moe
-from t5like.training import checkpointing, state as state_lib, step as step_lib
+from t5like.training import checkpointing, state as state_lib, step as step_lib, step_dirs
 from t5like.training.data import SyntheticData, global_batch
 from train_helpers import read_metrics, run_training, tiny_config
 
@@ -105,7 +105,7 @@ def test_bias_round_trips_a_checkpoint_exactly_and_dense_layout_is_unchanged(tmp
   restored = ckpt.restore(setup.abstract_state, None)
   for a, b in zip(jax.tree.leaves(state.model_state), jax.tree.leaves(restored.state.model_state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  only = checkpointing.restore_model_state(str(tmp_path / "ckpt" / "0"),
+  only = step_dirs.restore_model_state(str(tmp_path / "ckpt" / "0"),
                                            setup.abstract_state.model_state)
   for a, b in zip(jax.tree.leaves(state.model_state), jax.tree.leaves(only)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

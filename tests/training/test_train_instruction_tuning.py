@@ -11,7 +11,7 @@ import pytest
 
 from t5like import partitioning
 from t5like.config import ConfigError
-from t5like.training import checkpointing, loop, state as state_lib
+from t5like.training import loop, state as state_lib, step_dirs
 from t5like.training.data import SyntheticData
 from train_helpers import load_checkpoint_arrays, read_metrics, tiny_config
 
@@ -39,9 +39,9 @@ def test_initial_state_holds_the_pretrained_parameters(pretrained):
   workdir, _ = pretrained
   cfg = _finetune_config(workdir)
   setup = state_lib.build_setup(cfg, partitioning.make_mesh(cfg.mesh))
-  step_dir = checkpointing.resolve_step_dir(str(workdir))
+  step_dir = step_dirs.resolve_step_dir(str(workdir))
   assert step_dir.endswith(f"checkpoints/{PRETRAIN_STEPS}")
-  params = checkpointing.restore_params(step_dir, setup.abstract_state.params)
+  params = step_dirs.restore_params(step_dir, setup.abstract_state.params)
   state = state_lib.fresh_state_from_params(setup, params)
   saved = load_checkpoint_arrays(str(workdir), PRETRAIN_STEPS)
   flat = jax.tree_util.tree_flatten_with_path(jax.device_get(state.params))[0]

@@ -16,7 +16,7 @@ from etils.epath import testing as epath_testing
 
 from t5like import paths
 from t5like.config import ConfigError
-from t5like.training import checkpointing, run
+from t5like.training import run, step_dirs
 from t5like.training.data import SyntheticData
 from train_helpers import tiny_config
 
@@ -94,13 +94,13 @@ def test_logs_metrics_and_config_lookups_on_a_bucket(fake_bucket, tmp_path):
   local_run = tmp_path / "local"
   run(cfg, str(local_run), data=SyntheticData(cfg))
   shutil.copytree(local_run / "checkpoints", fake_bucket / "bucket" / "run" / "checkpoints")
-  step_dir = checkpointing.resolve_step_dir("gs://bucket/run")
+  step_dir = step_dirs.resolve_step_dir("gs://bucket/run")
   assert step_dir == "gs://bucket/run/checkpoints/2"
-  checkpointing.check_metadata(step_dir)
-  assert checkpointing.read_step_config(step_dir)["model"]["family"] == "decllm"
+  step_dirs.check_metadata(step_dir)
+  assert step_dirs.read_step_config(step_dir)["model"]["family"] == "decllm"
   from t5like.training.restore import find_step_dir
   assert find_step_dir("gs://bucket/run", step=2) == step_dir
   (fake_bucket / "bucket" / "run" / "checkpoints" / "2" / "config" / "metadata").write_text("{")
   with pytest.raises(json.JSONDecodeError, match="config/metadata is not valid JSON"):
-    checkpointing.check_metadata(step_dir)
+    step_dirs.check_metadata(step_dir)
   assert epath.Path("gs://bucket/run/checkpoints").is_dir()

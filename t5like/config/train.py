@@ -10,7 +10,6 @@ import dataclasses
 from t5like.config.schema import ConfigError, check_choice, check_positive
 
 SCHEDULES = ("warmup_cosine", "constant")
-DROPOUT_RNGS = ("auto", "threefry", "rbg")
 DISTRIBUTED_MODES = ("auto", "on", "off")
 
 
@@ -59,10 +58,6 @@ class TrainConfig:
   clip_grad_norm: float = 1.0  # Global-norm gradient clipping before Adafactor (0 disables).
   z_loss: float = 1e-4  # Coefficient of the z-loss (log Z)^2 term (0 = none).
   seed: int = 0  # Parameter init and dropout seed.
-  dropout_rng: str = "auto"  # The dropout masks' random bits: "threefry" (JAX's default: the same
-  #   bits on any device and mesh), "rbg" (XLA's RngBitGenerator, the TPU's hardware generator,
-  #   as T5X and MaxText use on TPUs: a fraction of threefry's program and time, the bits fixed
-  #   for a given mesh), "auto" = rbg on TPUs, threefry elsewhere.
   init_from: str = ""  # Instruction tuning: a checkpoint to take the parameters from (a workdir,
   #   its checkpoints/ directory, or one step directory); the optimizer and step start fresh.
   #   "" = random initialisation. Ignored when the workdir already holds a checkpoint (resume).
@@ -87,7 +82,6 @@ class TrainConfig:
 
   def validate(self) -> "TrainConfig":
     check_choice("train.schedule", self.schedule, SCHEDULES)
-    check_choice("train.dropout_rng", self.dropout_rng, DROPOUT_RNGS)
     check_positive("train.steps", self.steps)
     check_positive("train.batch_size", self.batch_size)
     check_positive("train.microbatches", self.microbatches)

@@ -85,30 +85,18 @@ def split_microbatches(batch: Batch, num: int, mesh) -> Batch:
   return {k: split(v) for k, v in batch.items()}
 
 
-def dropout_rng_impl(choice: str, mesh) -> str:
-  """``train.dropout_rng`` on ``mesh``'s devices: "auto" is "rbg" on TPUs (whose hardware
-  generator it uses; T5X and MaxText do the same), "threefry" elsewhere. Every host alike."""
-  if choice == "auto":
-    devices = getattr(mesh, "devices", None)
-    platform = devices.flat[0].platform if devices is not None else jax.default_backend()
-    choice = "rbg" if platform == "tpu" else "threefry"
-  return {"threefry": "threefry2x32"}.get(choice, choice)  # JAX's names of its generators.
-
-
 def make_train_step(setup: TrainSetup) -> MeshFunction:
   """``step(state, batch) -> (state, metrics)``; metrics are replicated float32 scalars."""
   cfg = setup.cfg
   num_micro = cfg.train.microbatches
   z_loss = cfg.train.z_loss
   use_dropout = cfg.model.dropout_rate > 0
-  rng_impl = dropout_rng_impl(cfg.train.dropout_rng, setup.mesh)
   moe_names = moe.moe_layer_names(
       nnx.eval_shape(lambda: build_model(cfg.model, nnx.Rngs(0)))) if cfg.model.moe.enabled else {}
 
   def grads_and_terms(params, model_state, batch, step):
     total_weight = jnp.maximum(jnp.sum(loss_weights(batch)), 1.0)
-    base_rng = jax.random.fold_in(jax.random.key(cfg.train.seed, impl=rng_impl),
-                                  step) if use_dropout else None
+    base_rng = jax.random.fold_in(jax.random.key(cfg.train.seed), step) if use_dropout else None
 
     def micro(params, mb, index):
       rng = None if base_rng is None else jax.random.fold_in(base_rng, index)

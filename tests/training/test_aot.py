@@ -197,6 +197,27 @@ def test_tpu_table_from_table_reads_each_rows_setting():
   assert tpu_table.table_settings("no table here") == {}
 
 
+def test_tpu_table_from_table_tries_the_shown_setting_first(tmp_path, monkeypatch):
+  """``--from_table``: the search of a row starts at the page's setting, then the usual order
+  (without it again); the page's row is rewritten from this run's result."""
+  from t5like.tools import tpu_table
+  page = tmp_path / "pods.md"
+  block = tpu_table.table({"decllm_1b@v5p-128": _result(20.0, 4)})
+  page.write_text(f"{tpu_table.BEGIN}\n{block}\n{tpu_table.END}\n")
+  tried = []
+
+  def search(base, chip, devices, log, max_compiles, candidates):
+    tried.extend(candidates)
+    return dict(_result(33.0, 4), largest_consumer=("x", 1, "y")), base
+  monkeypatch.setattr(tpu_table, "search", search)
+  monkeypatch.setattr(aot, "topology_devices", lambda topo: (None, []))
+  assert tpu_table.main(["--from_table", "--readme", str(page), "--topologies", "v5p-128",
+                         "--configs", "decllm_1b", "--results", str(tmp_path / "r.json")]) == 0
+  assert tried[0] == ("full", 4) and tried.count(("full", 4)) == 1
+  assert tried[1:] == [c for c in tpu_table.CANDIDATES if c != ("full", 4)]
+  assert "33.0 / 95" in page.read_text() and "20.0 / 95" not in page.read_text()
+
+
 def test_tpu_table_compiles_moe_configs_expert_parallel():
   """An MoE paper config is compiled on its expert-parallel setting (an 8-way expert axis, the
   capacity path), a dense one as it is; a stored result's mesh, expert axis included, is the one

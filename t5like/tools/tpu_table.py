@@ -10,7 +10,8 @@ For each config and slice it compiles candidate settings in order of predicted M
 microbatches and least recomputation first) and keeps the first that fits with the headroom
 ``aot.HEADROOM``. Candidates that the per-device estimates already put far over the chip's HBM
 are skipped without compiling. Results are appended to ``--results`` after each compile, so an
-interrupted table resumes where it stopped. ``--readme PAGE`` (the table's home: docs/pods.md)
+interrupted table resumes where it stopped. Each row compiles in a child process of its own
+(``--in_process``: in this one), so a compiler crash costs its row, named at the end, not the run. ``--readme PAGE`` (the table's home: docs/pods.md)
 rewrites the page's block between ``<!-- tpu-table -->`` and ``<!-- /tpu-table -->``: rows with a
 result in ``--results`` are replaced or added, the block's other rows are kept (so a new slice or
 config is one more run).
@@ -21,6 +22,7 @@ import argparse
 import copy
 import json
 import os
+import subprocess
 import sys
 import time
 from typing import Any
@@ -234,6 +236,76 @@ def _parse_candidate(text: str) -> tuple[str, int]:
   return remat, int(mb)
 
 
+def _row_candidates(key: str, shown: dict[str, tuple[str, int]],
+                    candidates: list[tuple[str, int]]) -> list[tuple[str, int]]:
+  """The settings to search for ``key``: the page's own first (``--from_table``), then the rest."""
+  first = [shown[key]] if key in shown else []
+  return first + [c for c in candidates or CANDIDATES if c not in first] if first else candidates
+
+
+def _compile_in_process(args, shown: dict[str, tuple[str, int]],
+                        candidates: list[tuple[str, int]]) -> list[str]:
+  """Compiles every missing ``config@slice`` row here, saving ``--results`` after each."""
+  import jax
+  jax.config.update("jax_enable_compilation_cache", False)  # "compile s" is a cold compile.
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  results_path = epath.Path(args.results)
+  results = json.loads(results_path.read_text()) if results_path.exists() else {}
+  for topo in args.topologies:
+    chip, devices = aot.topology_devices(topo)
+    for name in args.configs:
+      key = f"{name}@{topo}"
+      base = _load(os.path.join(root, "configs", f"{name}.py"))
+      if key in results:  # Done; maybe still without its requested splash variant.
+        if name in args.splash_configs and "splash" not in results[key]:
+          print(f"{key} (splash):", flush=True)
+          results[key]["splash"] = splash_variant(_setting(base, results[key]), chip, devices)
+          results_path.write_text(json.dumps(results, indent=1, default=float))
+        continue
+      print(f"{key}:", flush=True)
+      report, chosen = search(base, chip, devices, log=lambda s: print(s, flush=True),
+                              max_compiles=args.max_compiles,
+                              candidates=_row_candidates(key, shown, candidates))
+      if name in args.splash_configs:
+        report["splash"] = splash_variant(chosen, chip, devices)
+      results[key] = _jsonable(report)
+      results_path.parent.mkdir(parents=True, exist_ok=True)
+      results_path.write_text(json.dumps(results, indent=1, default=float))
+  return []
+
+
+def child_command(args, name: str, topo: str, candidates: list[tuple[str, int]]) -> list[str]:
+  """This tool, compiling one row in a process of its own (``--in_process``)."""
+  cmd = [sys.executable, "-m", "t5like.tools.tpu_table", "--in_process", "--topologies", topo,
+         "--configs", name, "--results", args.results, "--max_compiles", str(args.max_compiles)]
+  if candidates:
+    cmd += ["--candidates"] + [f"{r}/{m}" for r, m in candidates]
+  if name in args.splash_configs:
+    cmd += ["--splash_configs", name]
+  return cmd
+
+
+def _compile_in_children(args, shown: dict[str, tuple[str, int]],
+                         candidates: list[tuple[str, int]]) -> list[str]:
+  """Each missing row compiled by a child process (libtpu's compiler has crashed the whole
+  process on a paper config: a row that kills its child is reported and the table goes on)."""
+  results_path = epath.Path(args.results)
+  failed = []
+  for topo in args.topologies:
+    for name in args.configs:
+      key = f"{name}@{topo}"
+      done = json.loads(results_path.read_text()) if results_path.exists() else {}
+      if key in done and (name not in args.splash_configs or "splash" in done[key]):
+        continue
+      rc = subprocess.run(child_command(args, name, topo, _row_candidates(key, shown, candidates)),
+                          check=False).returncode
+      if rc:
+        why = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
+        print(f"{key}: the compile process ended with {why}; the table goes on", flush=True)
+        failed.append(key)
+  return failed
+
+
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--topologies", nargs="+", default=["v5p-128", "v5e-256"])
@@ -254,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
                   help="with --readme: recompile each row at the setting its row in the page "
                        "shows (one compile per row; the search resumes only where that setting "
                        "no longer fits), so every row's figures come from this run")
+  ap.add_argument("--in_process", action="store_true",
+                  help="compile in this process (default: one child process per row, so a "
+                       "compiler crash costs that row, not the run)")
   ap.add_argument("--report_only", action="store_true",
                   help="compile nothing: the table of what --results already holds")
   ap.add_argument("--markdown", default="")
@@ -264,34 +339,11 @@ def main(argv: list[str] | None = None) -> int:
   candidates = [_parse_candidate(c) for c in args.candidates]
   if args.from_table and not args.readme:
     raise SystemExit("--from_table reads the rows of --readme's table: name the page")
-  import jax
-  jax.config.update("jax_enable_compilation_cache", False)  # "compile s" is a cold compile.
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   results_path = epath.Path(args.results)
-  results = json.loads(results_path.read_text()) if results_path.exists() else {}
   shown = table_settings(epath.Path(args.readme).read_text()) if args.from_table else {}
-  for topo in [] if args.report_only else args.topologies:
-    chip, devices = aot.topology_devices(topo)
-    for name in args.configs:
-      key = f"{name}@{topo}"
-      base = _load(os.path.join(root, "configs", f"{name}.py"))
-      if key in results:  # Done; maybe still without its requested splash variant.
-        if name in args.splash_configs and "splash" not in results[key]:
-          print(f"{key} (splash):", flush=True)
-          results[key]["splash"] = splash_variant(_setting(base, results[key]), chip, devices)
-          results_path.write_text(json.dumps(results, indent=1, default=float))
-        continue
-      print(f"{key}:", flush=True)
-      first = [shown[key]] if key in shown else []
-      report, chosen = search(base, chip, devices, log=lambda s: print(s, flush=True),
-                              max_compiles=args.max_compiles,
-                              candidates=(first + [c for c in candidates or CANDIDATES
-                                                   if c not in first]) if first else candidates)
-      if name in args.splash_configs:
-        report["splash"] = splash_variant(chosen, chip, devices)
-      results[key] = _jsonable(report)
-      results_path.parent.mkdir(parents=True, exist_ok=True)
-      results_path.write_text(json.dumps(results, indent=1, default=float))
+  compile_rows = _compile_in_process if args.in_process else _compile_in_children
+  failed = [] if args.report_only else compile_rows(args, shown, candidates)
+  results = json.loads(results_path.read_text()) if results_path.exists() else {}
   chosen = {k: v for k, v in results.items()
              if k.split("@")[1] in args.topologies and k.split("@")[0] in args.configs}
   print(table(chosen))
@@ -306,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     head, rest = text.split(BEGIN, 1)
     block, tail = rest.split(END, 1)
     readme.write_text(head + BEGIN + "\n" + table(chosen, block) + "\n" + END + tail)
+  if failed:
+    print("not compiled (their rows are kept as they were): " + ", ".join(failed), file=sys.stderr)
+    return 1
   return 0
 
 

@@ -212,10 +212,56 @@ def test_tpu_table_from_table_tries_the_shown_setting_first(tmp_path, monkeypatc
   monkeypatch.setattr(tpu_table, "search", search)
   monkeypatch.setattr(aot, "topology_devices", lambda topo: (None, []))
   assert tpu_table.main(["--from_table", "--readme", str(page), "--topologies", "v5p-128",
-                         "--configs", "decllm_1b", "--results", str(tmp_path / "r.json")]) == 0
+                         "--configs", "decllm_1b", "--results", str(tmp_path / "r.json"),
+                         "--in_process"]) == 0
   assert tried[0] == ("full", 4) and tried.count(("full", 4)) == 1
   assert tried[1:] == [c for c in tpu_table.CANDIDATES if c != ("full", 4)]
   assert "33.0 / 95" in page.read_text() and "20.0 / 95" not in page.read_text()
+
+
+def test_tpu_table_survives_a_row_whose_compiler_crashes(tmp_path, monkeypatch, capsys):
+  """Each row compiles in a child process: a child killed by a signal (libtpu's compiler has
+  crashed so) costs its row, which the page keeps as it was and the end names; the next row's
+  child still runs and its result is rendered. The children get the page's setting first."""
+  from t5like.tools import tpu_table
+  page = tmp_path / "pods.md"
+  block = tpu_table.table({"decllm_1b@v5p-128": _result(20.0, 4),
+                           "redllm_1b@v5p-128": _result(21.0, 2)})
+  page.write_text(f"{tpu_table.BEGIN}\n{block}\n{tpu_table.END}\n")
+  results = tmp_path / "r.json"
+  stored = dict(_result(33.0, 2), largest_consumer=["x", 1, "y"])
+  writes = (f"import json; json.dump({{'redllm_1b@v5p-128': {stored!r}}}, "
+            f"open({str(results)!r}, 'w'))")
+  calls = []
+
+  def child(args, name, topo, candidates):
+    calls.append((name, candidates[0]))
+    if name == "decllm_1b":
+      return [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
+    return [sys.executable, "-c", writes]
+  monkeypatch.setattr(tpu_table, "child_command", child)
+  assert tpu_table.main(["--from_table", "--readme", str(page), "--topologies", "v5p-128",
+                         "--configs", "decllm_1b", "redllm_1b", "--results", str(results)]) == 1
+  assert calls == [("decllm_1b", ("full", 4)), ("redllm_1b", ("full", 2))]
+  text = page.read_text()
+  assert "20.0 / 95" in text and "33.0 / 95" in text and "21.0 / 95" not in text
+  err = capsys.readouterr()
+  assert "decllm_1b@v5p-128: the compile process ended with killed by signal 11" in err.out
+  assert "not compiled (their rows are kept as they were): decllm_1b@v5p-128" in err.err
+
+
+def test_tpu_table_child_command_compiles_one_row_in_process(tmp_path):
+  """The child is this tool on one config and slice, in process, with the row's settings; its
+  flags are ones the tool parses."""
+  from t5like.tools import tpu_table
+  results = str(tmp_path / "r.json")
+  args = tpu_table.argparse.Namespace(results=results, max_compiles=3,
+                                      splash_configs=["decllm_1b"])
+  cmd = tpu_table.child_command(args, "decllm_1b", "v5p-128", [("full", 4), ("full", 8)])
+  assert cmd[1:] == ["-m", "t5like.tools.tpu_table", "--in_process", "--topologies", "v5p-128",
+                     "--configs", "decllm_1b", "--results", results, "--max_compiles", "3",
+                     "--candidates", "full/4", "full/8", "--splash_configs", "decllm_1b"]
+  assert tpu_table.main(cmd[3:] + ["--report_only"]) == 0
 
 
 def test_tpu_table_compiles_moe_configs_expert_parallel():

@@ -28,6 +28,13 @@ unexpected worker hostname`` at error level although the compile is fine.
 ``libtpu_env_for_compile_only`` sets, before libtpu starts, the variables it asks for (the
 accelerator type of the topology compiled for, this host as its only worker) — only where no TPU
 chip is attached and nobody set them already, so a TPU VM's own start-up is untouched.
+
+libtpu's compiler emits kernels on fibers with small stacks, and one of its convolution emitters
+recurses deeper than they hold on some paper configs (redllm_4b_flan and redllm_8b_flan for
+v5p-128 at ``dots_no_batch``: ``SIGSEGV STACK OVERFLOW`` in
+``FusedSpatialMajorConvolution::MakeConvWindows``, on a TPU VM as on a CPU host compiling ahead
+of time). ``libtpu_init_args`` gives them 4 MiB (``LIBTPU_INIT_ARGS``) before libtpu loads,
+unless the user chose a size; ``--undefok`` keeps a libtpu without that flag starting.
 """
 from __future__ import annotations
 
@@ -124,6 +131,20 @@ def libtpu_env_for_compile_only(accelerator_type: str) -> None:
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type)
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("TPU_WORKER_ID", "0")
+
+
+FIBER_STACK_FLAG = "fibers_default_thread_stack_size"
+FIBER_STACK_BYTES = 4 << 20
+
+
+def libtpu_init_args() -> None:
+  """Before libtpu loads: room on its compiler's fiber stacks (module docstring), in front of
+  the user's own ``LIBTPU_INIT_ARGS``, which may set the size otherwise."""
+  args = os.environ.get("LIBTPU_INIT_ARGS", "")
+  if FIBER_STACK_FLAG in args:
+    return
+  ours = f"--{FIBER_STACK_FLAG}={FIBER_STACK_BYTES} --undefok={FIBER_STACK_FLAG}"
+  os.environ["LIBTPU_INIT_ARGS"] = f"{ours} {args}".strip()
 
 
 def has_nvidia_driver() -> bool:

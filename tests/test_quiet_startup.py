@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from t5like import runtime
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ERROR_LINE = re.compile(r"^(E\d{4} |F\d{4} |Traceback|ERROR[: ])")  # glog/absl E/F, Python.
 
@@ -90,3 +92,39 @@ def test_compile_only_for_a_tpu_topology_prints_no_error_lines(tmp_path):
   assert "4 x TPU v5 lite" in proc.stdout
   assert error_lines(proc.stderr) == []
   assert "could not determine TPU" not in proc.stderr  # libtpu's own warnings, before its errors.
+
+
+def test_libtpu_init_args_give_its_compiler_fibers_room_and_keep_the_users_choice(monkeypatch):
+  """``LIBTPU_INIT_ARGS`` gets the 4 MiB fiber stack (and ``--undefok`` for it) in front of the
+  user's flags; a size the user set is left alone."""
+  monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_enable_latency_hiding_scheduler=true")
+  runtime.libtpu_init_args()
+  assert os.environ["LIBTPU_INIT_ARGS"].split() == [
+      "--fibers_default_thread_stack_size=4194304", "--undefok=fibers_default_thread_stack_size",
+      "--xla_tpu_enable_latency_hiding_scheduler=true"]
+  runtime.libtpu_init_args()  # Idempotent.
+  assert os.environ["LIBTPU_INIT_ARGS"].count("fibers_default_thread_stack_size=") == 1
+  monkeypatch.setenv("LIBTPU_INIT_ARGS", "--fibers_default_thread_stack_size=65536")
+  runtime.libtpu_init_args()
+  assert os.environ["LIBTPU_INIT_ARGS"] == "--fibers_default_thread_stack_size=65536"
+  monkeypatch.delenv("LIBTPU_INIT_ARGS")
+  runtime.libtpu_init_args()
+  assert os.environ["LIBTPU_INIT_ARGS"].startswith("--fibers_default_thread_stack_size=")
+
+
+@pytest.mark.aot
+def test_the_installed_libtpu_knows_the_fiber_stack_flag():
+  """Without ``--undefok`` libtpu refuses a flag it does not know, so this start succeeding says
+  the stack size is applied, not silently skipped (a libtpu upgrade that drops it fails here)."""
+  env = dict(os.environ, LIBTPU_INIT_ARGS="--fibers_default_thread_stack_size=4194304",
+             ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+  code = ("from jax.experimental import topologies; "
+          "print(len(topologies.get_topology_desc(platform='tpu', topology_name='v5e:2x2')"
+          ".devices))")
+  proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0 and proc.stdout.split()[-1] == "4", proc.stderr[-2000:]
+  bad = dict(env, LIBTPU_INIT_ARGS="--no_such_libtpu_flag_t5like=1")  # The check can fail.
+  proc = subprocess.run([sys.executable, "-c", code], env=bad, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode != 0 and "Unknown command line flag" in proc.stderr

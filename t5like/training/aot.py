@@ -106,6 +106,7 @@ def topology_devices(name: str) -> tuple[Chip, list[Any]]:
   chips = math.prod(int(d) for d in topo.split(":")[1].split("x"))
   runtime.libtpu_env_for_compile_only(  # Cloud's accelerator names: v5e is "v5litepod".
       f"{'v5litepod' if chip.name == 'v5e' else chip.name}-{chips * chip.cores_per_chip}")
+  runtime.libtpu_init_args()  # Its compiler's fiber stacks (a paper config overflowed them).
   try:
     from jax.experimental import topologies
     desc = topologies.get_topology_desc(platform="tpu", topology_name=topo)

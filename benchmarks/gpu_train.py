@@ -75,6 +75,7 @@ class Shape:
   dtype: str = "bfloat16"
   attention: str = "cudnn"
   d_model: int = 0  # 0 = the paper's 1B widths; --smoke shrinks them.
+  ops: str = "auto"  # model.ops: `auto` is `xla` on a GPU; a `reference` row compares the forms.
 
 
 def make_config(family: str, shape: Shape, remat: str, microbatches: int,
@@ -88,7 +89,8 @@ def make_config(family: str, shape: Shape, remat: str, microbatches: int,
     m = dataclasses.replace(m, num_layers=shape.layers, num_encoder_layers=shape.layers,
                             num_decoder_layers=shape.layers)
   cfg.model = dataclasses.replace(m, dtype=shape.dtype, attention_impl=shape.attention,
-                                  remat_policy=remat, max_segments_per_row=0 if packed else 1)
+                                  remat_policy=remat, max_segments_per_row=0 if packed else 1,
+                                  ops=shape.ops)
   cfg.data.sequence_length = shape.length
   cfg.data.inputs_length = cfg.data.targets_length = shape.length // 2
   cfg.data.pack = packed
@@ -171,7 +173,7 @@ def train_row(name: str, cfg: Config, steps: int, packed: bool, peak: float,
   m = cfg.model
   return {"row": name, "family": m.family, "layers": m.num_layers if m.family == "decllm" else
           f"{m.num_encoder_layers}+{m.num_decoder_layers}", "params_m": setup.num_params / 1e6,
-          "attention": m.attention_impl, "packed": packed, "remat": m.remat_policy,
+          "attention": m.attention_impl, "ops": m.ops, "packed": packed, "remat": m.remat_policy,
           "micro": cfg.train.microbatches, "shape": f"{cfg.train.batch_size}x" + (
               f"{enc}+{dec}" if enc else f"{dec}"), "step_ms": step_s * 1e3,
           "peak_gib": aot.memory_per_device(compiled)["peak"] / GiB, "compile_s": compile_s,
@@ -285,7 +287,7 @@ def table_row(device_kind: str, jax_version: str, date: str, rows: list[dict]) -
     return fmt(min(found, key=lambda r: r["step_ms"])) if found else "-"
   train = lambda fam, packed: lambda r: (  # noqa: E731
       r.get("family") == fam and r.get("packed") is packed and r.get("attention") != "xla"
-      and not r["row"].startswith("peer"))
+      and r.get("ops", "auto") == "auto" and not r["row"].startswith("peer"))
   tok = lambda r: f"{r['tokens_s'] / 1e3:.0f}k"  # noqa: E731
   mfu = lambda r: f"{100 * r['mfu']:.0f} % / {tok(r)}"  # noqa: E731
   dec = lambda r: f"{r['step_ms']:.2f} ({100 * r['of_floor']:.0f} %)"  # noqa: E731
@@ -350,6 +352,8 @@ def main(argv=None) -> list[dict]:
     packed = [(f"{family} packed", shape)]
     if family == "decllm" and shape.attention == "cudnn":  # What packed training ran before.
       packed.append(("decllm packed, xla attention", dataclasses.replace(shape, attention="xla")))
+    if family == "decllm":  # `auto` keeps `xla`'s forms on a GPU: the reference forms beside them.
+      packed.append(("decllm packed, reference ops", dataclasses.replace(shape, ops="reference")))
     for i, (name, s) in enumerate(packed):
       if i and time.time() > deadline:
         print(f"  (budget spent: {name} not run)", flush=True)

@@ -121,6 +121,8 @@ def test_results_row_for_the_docs_table(bench):
            "tokens_s": 150e3, "mfu": 0.38},
           {**base, "row": "decllm packed, xla attention", "family": "decllm", "packed": True,
            "attention": "xla", "step_ms": 90.0, "tokens_s": 1.0},
+          {**base, "row": "decllm packed, reference ops", "family": "decllm", "packed": True,
+           "ops": "reference", "step_ms": 80.0, "tokens_s": 2.0},
           {"row": "decllm decode batch 1", "step_ms": 2.5, "of_floor": 0.6, "tokens_s": 400.0}]
   row = bench.table_row("NVIDIA H100", "0.10.2", "2026-11-27", rows)
   assert row == ("| NVIDIA H100 | 0.10.2 | 2026-11-27 | 40 % / 160k, 38 % / 150k | -, - | - | "

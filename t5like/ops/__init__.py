@@ -6,7 +6,7 @@ reference forms (``reference.py``: plain ``jnp`` / ``jax.nn``) define the values
 
 ==============  ========================================================================
 ``reference``   the formulas as written (``reference.py``).
-``xla``         forms XLA compiles best on any device (``xla.py``).
+``xla``         the forms XLA:CPU measurements chose, for any device (``xla.py``).
 ``xla_cpu``     ``xla`` plus XLA:CPU's fast-path layouts and custom VJPs (``xla_cpu.py``).
 ``cpu_kernels`` ``xla_cpu`` plus the C++ kernels of ``t5like/kernels`` (``cpu_kernels.py``).
 ==============  ========================================================================
@@ -16,7 +16,9 @@ reference forms (``reference.py``: plain ``jnp`` / ``jax.nn``) define the values
 
 Choice (``resolve``, once per run, where the model is built; logged): ``model.ops``, by
 default ``auto``: on CPU devices ``cpu_kernels`` where the kernels' library is built and the
-run is on one device, else ``xla_cpu``; on TPU/GPU ``xla``. The platform is that of the mesh's
+run is on one device, else ``xla_cpu``; on TPU ``reference`` (XLA:TPU's own cost model puts the
+reference forms ahead of ``xla``'s: fewer bytes moved, smaller temporaries, docs/pods.md); on GPU
+``xla`` (not yet measured against ``reference`` there). The platform is that of the mesh's
 devices when a mesh is given (an ahead-of-time compile for a TPU slice on a CPU host), else
 JAX's default backend, so every host decides alike. Overrides, read only here:
 ``T5LIKE_OPS=<backend>`` replaces ``model.ops``; ``T5LIKE_CPU_KERNELS=0`` turns ``auto``'s
@@ -60,6 +62,8 @@ def choose(ops: str, mesh=None) -> str:
   if ops != "auto":
     return ops
   platform, devices = _platform_and_devices(mesh)
+  if platform == "tpu":
+    return "reference"
   if platform != "cpu":
     return "xla"
   from t5like.kernels import library

@@ -15,7 +15,11 @@ ahead of time, needs libtpu: ``.venv-tpu``) or the local ones, timed by ``jax.st
   follows it);
 
 and counts the program's operations before (StableHLO, one device's view of the global program)
-and after XLA (the optimised per-device HLO). ``--eval`` does the same for the eval step, which a
+and after XLA (the optimised per-device HLO). The compiled program's temporaries per device and
+XLA's cost analysis (bytes accessed; the step-time estimate ``optimal_seconds`` where the backend
+gives one: XLA:TPU does for the paper configs, not for every program; both count a scanned
+layer body once) compare variants of a config, e.g.
+``--config.model.ops=xla`` against ``reference``, without the accelerator. ``--eval`` does the same for the eval step, which a
 run compiles at its first evaluation (and ``--compile_only`` after the train step). The
 persistent compilation cache is off here: every number is a cold compile. ``--baseline`` also
 compiles a plain scanned decoder of each DecLLM config's shapes (``compile_baseline.py``). One
@@ -123,11 +127,25 @@ def measure(cfg, devices, which: str = "train", compile_: bool = True) -> dict:
   t3, c3 = time.perf_counter(), time.process_time()
   before = op_counts(lowered.as_text(), _STABLEHLO_OP)
   after = op_counts((compiled.as_text() or "") if compiled else "", _HLO_OP)
-  return {"trace_lower_cpu_s": c2 - c0, "compile_cpu_s": c3 - c2, "trace_s": t1 - t0,
+  return {**program_costs(compiled),"trace_lower_cpu_s": c2 - c0, "compile_cpu_s": c3 - c2, "trace_s": t1 - t0,
           "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
           "ops_before": sum(before.values()), "ops_after": sum(after.values()),
           "top_before": before.most_common(6), "top_after": after.most_common(6),
           "devices": len(devices), "mesh": dict(mesh.shape), **libtpu_stages(log["text"])}
+
+
+def program_costs(compiled) -> dict:
+  """Temporaries per device and XLA's step estimate of a compiled step (what the backend gives)."""
+  if compiled is None:
+    return {}
+  out = {"temporaries": compiled.memory_analysis().temp_size_in_bytes}
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+  if cost and cost.get("bytes accessed", 0) > 0:
+    out["bytes_accessed"] = float(cost["bytes accessed"])
+  if cost and cost.get("optimal_seconds", 0) > 0:  # -1: XLA has no estimate for this program.
+    out["estimate_s"] = float(cost["optimal_seconds"])
+  return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{', overrides ' + ' '.join(overrides) if overrides else ''}")
   print("| config | step | trace s | lower s | XLA compile s | CPU s: trace+lower / compile | "
         "XLA:TPU s: HLO passes (SPMD) / backend / code gen | bundles | StableHLO ops | "
-        "HLO ops after XLA |")
-  print("|---|---|---|---|---|---|---|---|---|---|")
+        "HLO ops after XLA | temporaries GiB | XLA: bytes accessed GB / step estimate s |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
   for path in args.configs:
     try:
       cfg = load_config(path, overrides)
@@ -196,7 +214,7 @@ def _baseline(cfg, devices) -> dict:
   ops_before = sum(op_counts(r["lowered"].as_text(), _STABLEHLO_OP).values())
   ops_after = sum(op_counts(r["compiled"].as_text() or "", _HLO_OP).values())
   return {**r, "trace_s": 0.0, "ops_before": ops_before, "ops_after": ops_after,
-          **libtpu_stages(log["text"])}
+          **program_costs(r["compiled"]), **libtpu_stages(log["text"])}
 
 
 def _row(name: str, which: str, r: dict) -> str:
@@ -205,9 +223,12 @@ def _row(name: str, which: str, r: dict) -> str:
     stages = (f"{r.get('hlo_passes', 0):.1f} ({r.get('spmd_partitioning', 0):.1f}) / "
               f"{r['backend_passes']:.1f} / {r.get('code_generation', 0):.1f}")
   bundles = f"{r['bundles']:,}" if "bundles" in r else "—"
+  temps = f"{r['temporaries'] / 2**30:.3g}" if "temporaries" in r else "—"
+  estimate = (f"{r['bytes_accessed'] / 1e9:.3g}" if "bytes_accessed" in r else "—") + " / " + (
+      f"{r['estimate_s']:.4f}" if "estimate_s" in r else "—")
   return (f"| {name} | {which} | {r['trace_s']:.1f} | {r['lower_s']:.1f} | "
           f"{r['compile_s']:.1f} | {r['trace_lower_cpu_s']:.1f} / {r['compile_cpu_s']:.1f} | "
-          f"{stages} | {bundles} | {r['ops_before']} | {r['ops_after']} |")
+          f"{stages} | {bundles} | {r['ops_before']} | {r['ops_after']} | {temps} | {estimate} |")
 
 
 if __name__ == "__main__":

@@ -11,10 +11,10 @@ microbatches and least recomputation first) and keeps the first that fits with t
 ``aot.HEADROOM``. Candidates that the per-device estimates already put far over the chip's HBM
 are skipped without compiling. Results are appended to ``--results`` after each compile, so an
 interrupted table resumes where it stopped. Each row compiles in a child process of its own
-(``--in_process``: in this one), so a compiler crash costs its row, named at the end, not the run. ``--readme PAGE`` (the table's home: docs/pods.md)
-rewrites the page's block between ``<!-- tpu-table -->`` and ``<!-- /tpu-table -->``: rows with a
-result in ``--results`` are replaced or added, the block's other rows are kept (so a new slice or
-config is one more run).
+(``--in_process``: in this one), so a compiler crash costs its row, named at the end, not the
+run. ``--readme PAGE`` (the table's home: docs/pods.md) rewrites the page's block between
+``<!-- tpu-table -->`` and ``<!-- /tpu-table -->``: rows with a result in ``--results`` are
+replaced or added, the block's other rows are kept (so a new slice or config is one more run).
 """
 from __future__ import annotations
 
@@ -300,8 +300,8 @@ def _compile_in_children(args, shown: dict[str, tuple[str, int]],
       rc = subprocess.run(child_command(args, name, topo, _row_candidates(key, shown, candidates)),
                           check=False).returncode
       if rc:
-        why = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
-        print(f"{key}: the compile process ended with {why}; the table goes on", flush=True)
+        why = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+        print(f"{key}: its compile process {why}; the table goes on", flush=True)
         failed.append(key)
   return failed
 

@@ -246,7 +246,7 @@ def test_tpu_table_survives_a_row_whose_compiler_crashes(tmp_path, monkeypatch, 
   text = page.read_text()
   assert "20.0 / 95" in text and "33.0 / 95" in text and "21.0 / 95" not in text
   err = capsys.readouterr()
-  assert "decllm_1b@v5p-128: the compile process ended with killed by signal 11" in err.out
+  assert "decllm_1b@v5p-128: its compile process was killed by signal 11" in err.out
   assert "not compiled (their rows are kept as they were): decllm_1b@v5p-128" in err.err
 
 

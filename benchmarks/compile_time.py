@@ -18,9 +18,9 @@ and counts the program's operations before (StableHLO, one device's view of the 
 and after XLA (the optimised per-device HLO). The compiled program's temporaries per device and
 XLA's cost analysis (bytes accessed; the step-time estimate ``optimal_seconds`` where the backend
 gives one: XLA:TPU does for the paper configs, not for every program; both count a scanned
-layer body once) compare variants of a config, e.g.
-``--config.model.ops=xla`` against ``reference``, without the accelerator. ``--eval`` does the same for the eval step, which a
-run compiles at its first evaluation (and ``--compile_only`` after the train step). The
+layer body once) compare variants of a config without the accelerator, e.g.
+``--config.model.ops=xla`` against ``reference``. ``--eval`` does the same for the eval step,
+which a run compiles at its first evaluation (and ``--compile_only`` after the train step). The
 persistent compilation cache is off here: every number is a cold compile. ``--baseline`` also
 compiles a plain scanned decoder of each DecLLM config's shapes (``compile_baseline.py``). One
 compile at a time in this process; on a host shared with other work the times are upper bounds.
@@ -127,8 +127,8 @@ def measure(cfg, devices, which: str = "train", compile_: bool = True) -> dict:
   t3, c3 = time.perf_counter(), time.process_time()
   before = op_counts(lowered.as_text(), _STABLEHLO_OP)
   after = op_counts((compiled.as_text() or "") if compiled else "", _HLO_OP)
-  return {**program_costs(compiled),"trace_lower_cpu_s": c2 - c0, "compile_cpu_s": c3 - c2, "trace_s": t1 - t0,
-          "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
+  return {**program_costs(compiled), "trace_lower_cpu_s": c2 - c0, "compile_cpu_s": c3 - c2,
+          "trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
           "ops_before": sum(before.values()), "ops_after": sum(after.values()),
           "top_before": before.most_common(6), "top_after": after.most_common(6),
           "devices": len(devices), "mesh": dict(mesh.shape), **libtpu_stages(log["text"])}

@@ -152,7 +152,7 @@ def test_the_choice_follows_the_config_and_the_platform(monkeypatch):
   several = types.SimpleNamespace(devices=np.array(jax.devices()[:1] * 2))
   assert ops.choose("auto", several) == "xla_cpu"  # An FFI call is not partitioned.
   tpu = types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform="tpu")] * 4))
-  assert ops.choose("auto", tpu) == "reference"  # An ahead-of-time compile for TPUs on a CPU host.
+  assert ops.choose("auto", tpu) == "xla"  # An ahead-of-time compile for TPUs on a CPU host.
   gpu = types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform="gpu")] * 2))
   assert ops.choose("auto", gpu) == "xla"
   monkeypatch.setenv(ops.ENV_CPU_KERNELS, "0")

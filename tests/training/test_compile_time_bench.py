@@ -46,7 +46,7 @@ def test_benchmark_splits_a_tpu_compile_and_compiles_the_baseline():
   rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| tiny")]
   assert [r[1].strip() for r in rows] == ["tiny_decllm", "tiny_decllm: plain decoder"], proc.stdout
   for r in rows:  # HLO passes (SPMD) / backend / code gen, and a bundle count, from libtpu;
-    hlo, backend, codegen = r[7].split("/")  # the temporaries and XLA:TPU's step estimate.
+    hlo, backend, codegen = r[7].split("/")  # the temporaries and XLA's bytes accessed.
     assert float(backend) > 0 and int(r[8].replace(",", "")) > 0, proc.stdout
     assert float(r[11]) >= 0 and float(r[12].split("/")[0]) > 0, proc.stdout
   assert float(rows[0][11]) > 0, proc.stdout  # The trainer's step has temporaries.

@@ -4,17 +4,19 @@ packed and unpacked, against transformers' Llama on PyTorch in the same run; gre
 against the HBM-bandwidth floor (``make bench-gpu``; < 8 minutes on one H100 / H200).
 
   python benchmarks/gpu_train.py [--steps 5] [--layers 0] [--batch 8] [--budget_s 420]
-                                 [--families decllm,redllm] [--no_peer] [--no_decode]
+                                 [--families decllm,redllm] [--remats none,dots,full]
+                                 [--no_peer] [--no_decode]
                                  [--profile_dir DIR] [--json out.json] [--smoke]
 
 Models: ``paper_model(family, "1b")`` (d2048, 16 x 128 heads, SwiGLU 8192, vocab 32768, tied;
 DecLLM 16 layers, RedLLM 7 + 7), bf16 compute with f32 parameters and Adafactor (the paper's
 optimizer), ``attention_impl="cudnn"``; DecLLM rows of 2048 tokens, RedLLM 1024 + 1024;
 ``--layers N`` keeps N layers (RedLLM N + N) where memory demands and says so in every row.
-For each family a small search (remat ``none`` / ``dots`` / ``full``, then two microbatches
-where one does not fit) picks the fastest setting on unpacked rows; the packed rows (documents
-of ~512 tokens packed with segment ids: cuDNN's packed layout) and, for DecLLM, the same packed
-rows on the ``xla`` attention (what packed training ran before) use it.
+For each family a small search (remat ``none`` / ``dots`` / ``full``, two microbatches where one
+does not fit) picks the fastest setting on unpacked rows; the packed row (documents of ~512
+tokens packed with segment ids: cuDNN's packed layout) uses it. Then the peer and decode; last,
+budget allowing, packed DecLLM on ``xla`` attention (what packed training ran before) and on the
+reference ops. Rows are printed and saved (``--json``) as they come.
 
 Counting (docs/flops.md, ``flops.train_flops``): every position of a row counts as a token, MFU
 is model FLOPs per second over the card's dense bf16 peak (``flops.peak_flops_per_device``: H100
@@ -38,21 +40,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
-import gzip
 import json
 import os
-import re
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # A checkout.
+# JAX takes GPU memory as it needs it rather than 75 % of the card at start: the PyTorch peer
+# runs in the same process after the JAX rows.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import timing  # noqa: E402
 from benchmarks.gpu_decode import decode_floor_bytes, decode_rows, hbm_bandwidth  # noqa: E402,F401
+from benchmarks.gpu_report import table_row, time_split, trace_split  # noqa: E402,F401
 from t5like import partitioning  # noqa: E402
 from t5like.config import Config, ConfigError, paper_model  # noqa: E402
 from t5like.ops import cudnn_packed  # noqa: E402
@@ -181,9 +184,9 @@ def train_row(name: str, cfg: Config, steps: int, packed: bool, peak: float,
 
 
 def search(family: str, shape: Shape, steps: int, peak: float, deadline: float,
-           remats=REMAT_SEARCH) -> list[dict]:
+           remats=REMAT_SEARCH, add=None) -> list[dict]:
   """Unpacked rows over remat policies (two microbatches where one does not fit); stops early
-  past ``deadline`` once one setting ran."""
+  past ``deadline`` once one setting ran. ``add`` reports each row as it comes."""
   rows = []
   for remat in remats:
     if rows and time.time() > deadline:
@@ -194,7 +197,7 @@ def search(family: str, shape: Shape, steps: int, peak: float, deadline: float,
         rows.append(train_row(f"{family} remat={remat} micro={micro}",
                               make_config(family, shape, remat, micro, False), steps, False,
                               peak))
-        print(_format(rows[-1]), flush=True)
+        (add or (lambda r: print(_format(r), flush=True)))(rows[-1])
         break
       except ConfigError as e:  # Does not fit: try two microbatches, then the next policy.
         print(f"  {family} remat={remat} micro={micro}: does not fit ({str(e)[:120]}...)",
@@ -242,65 +245,6 @@ def peer_row(shape: Shape, steps: int, peak: float) -> dict | None:
           "mfu": f / step_s / peak if peak else float("nan")}
 
 
-# Kernel names -> what they do (GPU traces: cuBLAS / CUTLASS products, cuDNN / flash attention,
-# NCCL collectives); the first matching class wins.
-KERNEL_CLASSES = (
-    ("attention", re.compile(r"fmha|flash|cudnn|attention|sdpa", re.I)),
-    ("collectives", re.compile(r"nccl|all.?reduce|all.?gather|reduce.?scatter|collective", re.I)),
-    ("products", re.compile(r"gemm|nvjet|xmma|cublas|cutlass|matmul|dot", re.I)),
-)
-
-
-def time_split(events: list[dict]) -> dict[str, float]:
-  """Milliseconds of GPU kernel time by class, from a Chrome/Perfetto trace's events: complete
-  events on the threads of processes named like a GPU; where those have stream threads (the
-  kernels), only those (the "XLA Ops" / "XLA Modules" lines repeat the same time)."""
-  meta = [e for e in events if e.get("ph") == "M"]
-  gpu_pids = {e["pid"] for e in meta if e.get("name") == "process_name"
-              and "gpu" in str(e.get("args", {}).get("name", "")).lower()}
-  streams = {(e["pid"], e.get("tid")) for e in meta if e.get("name") == "thread_name"
-             and e["pid"] in gpu_pids and "stream" in str(e.get("args", {}).get("name")).lower()}
-  out = {"products": 0.0, "attention": 0.0, "collectives": 0.0, "other": 0.0}
-  for e in events:
-    if e.get("ph") != "X" or e.get("pid") not in gpu_pids:
-      continue
-    if streams and (e["pid"], e.get("tid")) not in streams:
-      continue
-    cls = next((c for c, rx in KERNEL_CLASSES if rx.search(e.get("name", ""))), "other")
-    out[cls] += float(e.get("dur", 0.0)) / 1e3
-  return out
-
-
-def trace_split(profile_dir: str) -> dict[str, float]:
-  paths = sorted(glob.glob(os.path.join(profile_dir, "**", "*.trace.json.gz"), recursive=True))
-  if not paths:
-    return {}
-  with gzip.open(paths[-1], "rt") as f:
-    return time_split(json.load(f).get("traceEvents", []))
-
-
-def table_row(device_kind: str, jax_version: str, date: str, rows: list[dict]) -> str:
-  """The docs/gpus.md results row of a run: the fastest unpacked and the packed row of each
-  family, the peer, decode at batch 1 and 8 (with the share of the HBM floor); "-" where absent."""
-  def get(pred, fmt):
-    found = [r for r in rows if pred(r)]
-    return fmt(min(found, key=lambda r: r["step_ms"])) if found else "-"
-  train = lambda fam, packed: lambda r: (  # noqa: E731
-      r.get("family") == fam and r.get("packed") is packed and r.get("attention") != "xla"
-      and r.get("ops", "auto") == "auto" and not r["row"].startswith("peer"))
-  tok = lambda r: f"{r['tokens_s'] / 1e3:.0f}k"  # noqa: E731
-  mfu = lambda r: f"{100 * r['mfu']:.0f} % / {tok(r)}"  # noqa: E731
-  dec = lambda r: f"{r['step_ms']:.2f} ({100 * r['of_floor']:.0f} %)"  # noqa: E731
-  cells = [device_kind, jax_version, date,
-           f"{get(train('decllm', False), mfu)}, {get(train('decllm', True), mfu)}",
-           f"{get(train('redllm', False), tok)}, {get(train('redllm', True), tok)}",
-           get(lambda r: r["row"].startswith("peer"), tok),
-           " / ".join(get(lambda r, b=b: r["row"].endswith(f"decode batch {b}")
-                          and r["row"].startswith(fam), dec)
-                      for fam in ("decllm", "redllm") for b in (1, 8))]
-  return "| " + " | ".join(cells) + " |"
-
-
 def _format(r: dict) -> str:
   keys = ("row", "layers", "attention", "packed", "remat", "micro", "shape", "step_ms",
           "tokens_s", "mfu", "peak_gib", "compile_s")
@@ -315,6 +259,7 @@ def _args(argv=None) -> argparse.Namespace:
   ap.add_argument("--budget_s", type=float, default=420.0,
                   help="seconds after which the remat search and optional rows stop")
   ap.add_argument("--families", default="decllm,redllm", help="comma list of model families")
+  ap.add_argument("--remats", default=",".join(REMAT_SEARCH), help="remat policies searched")
   ap.add_argument("--no_peer", action="store_true", help="skip the PyTorch peer")
   ap.add_argument("--no_decode", action="store_true", help="skip the decode rows")
   ap.add_argument("--profile_dir", default="", help="trace two steps of the best DecLLM here")
@@ -323,7 +268,21 @@ def _args(argv=None) -> argparse.Namespace:
   return ap.parse_args(argv)
 
 
+def packed_row(family: str, name: str, shape: Shape, best: dict, steps: int, peak: float,
+               profile_dir: str = "") -> dict | None:
+  """A packed row at the unpacked search's best setting; None (said) where it does not fit."""
+  try:
+    return train_row(name, make_config(family, shape, best["remat"], best["micro"], True), steps,
+                     True, peak, profile_dir=profile_dir)
+  except ConfigError as e:
+    print(f"  {name} remat={best['remat']} micro={best['micro']}: {str(e)[:160]}...", flush=True)
+    return None
+
+
 def main(argv=None) -> list[dict]:
+  """The rows in order of what the targets need: per family the search and the packed cuDNN row,
+  the peer, decode; then, budget allowing, packed DecLLM on `xla` attention (what packed training
+  ran before) and on the reference ops (whether `auto` should pick them on a GPU)."""
   args = _args(argv)
   start = time.time()
   deadline = start + args.budget_s
@@ -338,55 +297,52 @@ def main(argv=None) -> list[dict]:
   print(f"device: {dev.device_kind} ({dev.platform}); JAX {jax.__version__}; peak "
         f"{peak / 1e12:.0f} TFLOP/s; HBM {hbm_bandwidth(dev.device_kind) / 1e12:.2f} TB/s; "
         f"layers {'paper' if not shape.layers else shape.layers}", flush=True)
-  rows = []
+  rows: list[dict] = []
+
+  def add(row: dict | None) -> None:  # Printed and saved as it comes: a timeout keeps the rest.
+    if row is None:
+      return
+    rows.append(row)
+    if "family" in row:  # Train rows; gpu_decode prints its own.
+      print(_format(row), flush=True)
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump({"device": dev.device_kind, "jax": jax.__version__, "rows": rows}, f, indent=1)
+
   families = [f for f in args.families.split(",") if f]
+  best = {}
   for family in families:
     found = search(family, shape, args.steps, peak, deadline,
-                   ("full",) if args.smoke else REMAT_SEARCH)
-    rows += found
-    if not found:
-      continue
-    best = min(found, key=lambda r: r["step_ms"])
-    remat, micro = best["remat"], best["micro"]
-    prof = args.profile_dir if family == "decllm" else ""
-    packed = [(f"{family} packed", shape)]
-    if family == "decllm" and shape.attention == "cudnn":  # What packed training ran before.
-      packed.append(("decllm packed, xla attention", dataclasses.replace(shape, attention="xla")))
-    if family == "decllm":  # `auto` keeps `xla`'s forms on a GPU: the reference forms beside them.
-      packed.append(("decllm packed, reference ops", dataclasses.replace(shape, ops="reference")))
-    for i, (name, s) in enumerate(packed):
-      if i and time.time() > deadline:
-        print(f"  (budget spent: {name} not run)", flush=True)
-        continue
-      try:
-        rows.append(train_row(name, make_config(family, s, remat, micro, True), args.steps, True,
-                              peak, profile_dir=prof if not i else ""))
-        print(_format(rows[-1]), flush=True)
-      except ConfigError as e:  # Does not fit at the unpacked rows' best setting.
-        print(f"  {name} remat={remat} micro={micro}: {str(e)[:160]}...", flush=True)
+                   ("full",) if args.smoke else tuple(args.remats.split(",")), add)
+    if found:
+      best[family] = min(found, key=lambda r: r["step_ms"])
+      add(packed_row(family, f"{family} packed", shape, best[family], args.steps, peak,
+                     args.profile_dir if family == "decllm" else ""))
   if not args.no_peer and (gpu or args.smoke):
     peer = peer_row(shape, args.steps, peak)
     if peer is None:
       print("  peer: torch / transformers not installed", flush=True)
-    else:
-      rows.append(peer)
-      print(_format(peer), flush=True)
-  if not args.no_decode:
-    bw = hbm_bandwidth(dev.device_kind)
-    for family in families:
-      if time.time() > deadline and not args.smoke:
-        print(f"  (budget spent: {family} decode not run)", flush=True)
-        continue
-      model_cfg = make_config(family, shape, "none", 1, False).model
-      rows += (decode_rows(model_cfg, bw, batches=(1,), prompt=8, news=(2, 4)) if args.smoke
-               else decode_rows(model_cfg, bw))
+    add(peer)
+  for family in [] if args.no_decode else families:
+    if time.time() > deadline and not args.smoke:
+      print(f"  (budget spent: {family} decode not run)", flush=True)
+      continue
+    model_cfg = make_config(family, shape, "none", 1, False).model
+    for row in (decode_rows(model_cfg, hbm_bandwidth(dev.device_kind), batches=(1,), prompt=8, news=(2, 4)) if args.smoke
+                else decode_rows(model_cfg, hbm_bandwidth(dev.device_kind))):
+      add(row)
+  extra = [("decllm packed, reference ops", dataclasses.replace(shape, ops="reference"))]
+  if shape.attention == "cudnn":
+    extra.insert(0, ("decllm packed, xla attention", dataclasses.replace(shape, attention="xla")))
+  for name, s in extra if "decllm" in best else []:
+    if time.time() > deadline and not args.smoke:
+      print(f"  (budget spent: {name} not run)", flush=True)
+      continue
+    add(packed_row("decllm", name, s, best["decllm"], args.steps, peak))
   if args.profile_dir:
     print(f"  DecLLM packed step, GPU kernel ms over 2 steps: {trace_split(args.profile_dir)}")
   print(f"total {time.time() - start:.0f} s; docs/gpus.md row:", flush=True)
   print(table_row(dev.device_kind, jax.__version__, time.strftime("%Y-%m-%d"), rows))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"device": dev.device_kind, "jax": jax.__version__, "rows": rows}, f, indent=1)
   return rows
 
 

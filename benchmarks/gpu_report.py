@@ -1,0 +1,68 @@
+"""What ``gpu_train.py`` reports besides its rows: a trace's GPU kernel time by class and the
+docs/gpus.md results row."""
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import re
+
+# Kernel names -> what they do (GPU traces: cuBLAS / CUTLASS products, cuDNN / flash attention,
+# NCCL collectives); the first matching class wins.
+KERNEL_CLASSES = (
+    ("attention", re.compile(r"fmha|flash|cudnn|attention|sdpa", re.I)),
+    ("collectives", re.compile(r"nccl|all.?reduce|all.?gather|reduce.?scatter|collective", re.I)),
+    ("products", re.compile(r"gemm|nvjet|xmma|cublas|cutlass|matmul|dot", re.I)),
+)
+
+
+def time_split(events: list[dict]) -> dict[str, float]:
+  """Milliseconds of GPU kernel time by class, from a Chrome/Perfetto trace's events: complete
+  events on the threads of processes named like a GPU; where those have stream threads (the
+  kernels), only those (the "XLA Ops" / "XLA Modules" lines repeat the same time)."""
+  meta = [e for e in events if e.get("ph") == "M"]
+  gpu_pids = {e["pid"] for e in meta if e.get("name") == "process_name"
+              and "gpu" in str(e.get("args", {}).get("name", "")).lower()}
+  streams = {(e["pid"], e.get("tid")) for e in meta if e.get("name") == "thread_name"
+             and e["pid"] in gpu_pids and "stream" in str(e.get("args", {}).get("name")).lower()}
+  out = {"products": 0.0, "attention": 0.0, "collectives": 0.0, "other": 0.0}
+  for e in events:
+    if e.get("ph") != "X" or e.get("pid") not in gpu_pids:
+      continue
+    if streams and (e["pid"], e.get("tid")) not in streams:
+      continue
+    cls = next((c for c, rx in KERNEL_CLASSES if rx.search(e.get("name", ""))), "other")
+    out[cls] += float(e.get("dur", 0.0)) / 1e3
+  return out
+
+
+def trace_split(profile_dir: str) -> dict[str, float]:
+  paths = sorted(glob.glob(os.path.join(profile_dir, "**", "*.trace.json.gz"), recursive=True))
+  if not paths:
+    return {}
+  with gzip.open(paths[-1], "rt") as f:
+    return time_split(json.load(f).get("traceEvents", []))
+
+
+def table_row(device_kind: str, jax_version: str, date: str, rows: list[dict]) -> str:
+  """The docs/gpus.md results row of a run: the fastest unpacked and the packed row of each
+  family, the peer, decode at batch 1 and 8 (with the share of the HBM floor); "-" where absent."""
+  def get(pred, fmt):
+    found = [r for r in rows if pred(r)]
+    return fmt(min(found, key=lambda r: r["step_ms"])) if found else "-"
+  train = lambda fam, packed: lambda r: (  # noqa: E731
+      r.get("family") == fam and r.get("packed") is packed and r.get("attention") != "xla"
+      and r.get("ops", "auto") == "auto" and not r["row"].startswith("peer"))
+  tok = lambda r: f"{r['tokens_s'] / 1e3:.0f}k"  # noqa: E731
+  mfu = lambda r: f"{100 * r['mfu']:.0f} % / {tok(r)}"  # noqa: E731
+  dec = lambda r: f"{r['step_ms']:.2f} ({100 * r['of_floor']:.0f} %)"  # noqa: E731
+  cells = [device_kind, jax_version, date,
+           f"{get(train('decllm', False), mfu)}, {get(train('decllm', True), mfu)}",
+           f"{get(train('redllm', False), tok)}, {get(train('redllm', True), tok)}",
+           get(lambda r: r["row"].startswith("peer"), tok),
+           " / ".join(get(lambda r, b=b: r["row"].endswith(f"decode batch {b}")
+                          and r["row"].startswith(fam), dec)
+                      for fam in ("decllm", "redllm") for b in (1, 8))]
+  return "| " + " | ".join(cells) + " |"
+

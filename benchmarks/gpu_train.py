@@ -274,7 +274,9 @@ def packed_row(family: str, name: str, shape: Shape, best: dict, steps: int, pea
   try:
     return train_row(name, make_config(family, shape, best["remat"], best["micro"], True), steps,
                      True, peak, profile_dir=profile_dir)
-  except ConfigError as e:
+  except (ConfigError, jax.errors.JaxRuntimeError) as e:  # Compiled, but the card ran out.
+    if isinstance(e, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" not in str(e):
+      raise
     print(f"  {name} remat={best['remat']} micro={best['micro']}: {str(e)[:160]}...", flush=True)
     return None
 

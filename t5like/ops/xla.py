@@ -48,8 +48,9 @@ class Xla(Reference):
     return y.reshape(*x_btd.shape[:-1], -1)
 
   def matmul(self, a_mk, b, b_contract: int, out_dtype) -> jax.Array:
-    """``a [M, K]`` times ``b [K, N]`` (``b_contract=0``) or ``b [N, K]`` (``1``)."""
-    acc = jnp.float32 if _low(a_mk.dtype) else None
+    """``a [M, K]`` times ``b [K, N]`` (``b_contract=0``) or ``b [N, K]`` (``1``); a float32
+    output only where asked for (``reference.dense`` says why)."""
+    acc = jnp.float32 if _low(a_mk.dtype) and jnp.dtype(out_dtype) == jnp.float32 else None
     y = jax.lax.dot_general(a_mk, b, (((1,), (b_contract,)), ((), ())),
                             preferred_element_type=acc)
     return y.astype(out_dtype)

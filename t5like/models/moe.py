@@ -127,12 +127,12 @@ def routing_stats(logits_bte: jax.Array, scores_bte: jax.Array, idx_btk: jax.Arr
 
 def swiglu_experts(x_nd: jax.Array, sizes_e: jax.Array, wi_gate: jax.Array, wi_up: jax.Array,
                    wo: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
-  """Rows of ``x_nd`` sorted by expert (``sizes_e`` rows each) through their expert's SwiGLU."""
-  acc = jnp.float32 if x_nd.dtype in (jnp.bfloat16, jnp.float16) else None
-  gate_nf = jax.lax.ragged_dot(x_nd, wi_gate, sizes_e, preferred_element_type=acc)
-  up_nf = jax.lax.ragged_dot(x_nd, wi_up, sizes_e, preferred_element_type=acc)
-  h_nf = dropout((jax.nn.silu(gate_nf) * up_nf).astype(x_nd.dtype), rate, rng)
-  return jax.lax.ragged_dot(h_nf, wo, sizes_e, preferred_element_type=acc).astype(x_nd.dtype)
+  """Rows of ``x_nd`` sorted by expert (``sizes_e`` rows each) through their expert's SwiGLU;
+  products in x's dtype, as ``ops.dense`` (a float32 output makes the backward products float32)."""
+  gate_nf = jax.lax.ragged_dot(x_nd, wi_gate, sizes_e)
+  up_nf = jax.lax.ragged_dot(x_nd, wi_up, sizes_e)
+  h_nf = dropout(jax.nn.silu(gate_nf) * up_nf, rate, rng)
+  return jax.lax.ragged_dot(h_nf, wo, sizes_e)
 
 
 class Router(nnx.Module):

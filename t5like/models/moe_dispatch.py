@@ -41,12 +41,11 @@ def places(idx_tk: jax.Array, valid_t: jax.Array, num_experts: int,
 
 
 def _experts(x_ecd: jax.Array, wi_gate, wi_up, wo) -> jax.Array:
-  """Every expert's SwiGLU on its buffer: [..., E, C, d] with weights [E, d, f] / [E, f, d]."""
-  acc = jnp.float32 if x_ecd.dtype in (jnp.bfloat16, jnp.float16) else None
-  gate = jnp.einsum("...ecd,edf->...ecf", x_ecd, wi_gate, preferred_element_type=acc)
-  up = jnp.einsum("...ecd,edf->...ecf", x_ecd, wi_up, preferred_element_type=acc)
-  h = (jax.nn.silu(gate) * up).astype(x_ecd.dtype)
-  return jnp.einsum("...ecf,efd->...ecd", h, wo, preferred_element_type=acc).astype(x_ecd.dtype)
+  """Every expert's SwiGLU on its buffer: [..., E, C, d] with weights [E, d, f] / [E, f, d]
+  (products in x's dtype, as ``ops.dense``)."""
+  gate = jnp.einsum("...ecd,edf->...ecf", x_ecd, wi_gate)
+  up = jnp.einsum("...ecd,edf->...ecf", x_ecd, wi_up)
+  return jnp.einsum("...ecf,efd->...ecd", jax.nn.silu(gate) * up, wo)
 
 
 def _local(x_td, idx_tk, valid_t, weights, factor: float, axis: str | None, shards: int):

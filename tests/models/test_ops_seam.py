@@ -8,6 +8,7 @@ from __future__ import annotations
 import types
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -82,6 +83,31 @@ def test_dense_equals_the_reference(name, n, x_shape, w_shape, dtype, rel):
 def test_logits_equal_the_reference(name, dtype, rel):
   _check_op(name, lambda o, x, t: o.logits(x, t),
             (_normal(3, 5, 16, dtype=dtype), _normal(40, 16, dtype=dtype)), rel)
+
+
+def _products(jaxpr):
+  """Every dot_general of a jaxpr and its sub-jaxprs: (operand dtypes, output dtype)."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      yield tuple(v.aval.dtype for v in eqn.invars), eqn.outvars[0].aval.dtype
+    for p in eqn.params.values():
+      for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+        if isinstance(sub, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr)):
+          yield from _products(getattr(sub, "jaxpr", sub))
+
+
+@pytest.mark.parametrize("name", ops.BACKENDS)
+def test_bf16_dense_products_stay_bf16_in_the_backward_pass(name):
+  """A bf16 step's dense gradients are products of bf16 operands: a float32 output in the
+  forward pass would make them float32 products (TF32 on a GPU: half of a bf16 1B step on an
+  H200). (The logits keep their float32 output and its float32 backward.)"""
+  x = _normal(3, 5, 16, dtype=jnp.bfloat16)
+  w = _normal(16, 8)  # A float32 parameter, as stored.
+  grad = jax.grad(lambda x, w: jnp.sum(_backend(name).dense(x, w).astype(jnp.float32) ** 2),
+                  (0, 1))
+  found = list(_products(jax.make_jaxpr(grad)(x, w).jaxpr))
+  assert len(found) >= 3, found  # Forward, and both gradients.
+  assert all(dt == jnp.bfloat16 for ins, _ in found for dt in ins), found
 
 
 @pytest.mark.parametrize("name", BACKENDS)

@@ -184,7 +184,7 @@ def train_row(name: str, cfg: Config, steps: int, packed: bool, peak: float,
 
 
 def search(family: str, shape: Shape, steps: int, peak: float, deadline: float,
-           remats=REMAT_SEARCH, add=None) -> list[dict]:
+           remats, add) -> list[dict]:
   """Unpacked rows over remat policies (two microbatches where one does not fit); stops early
   past ``deadline`` once one setting ran. ``add`` reports each row as it comes."""
   rows = []
@@ -197,7 +197,7 @@ def search(family: str, shape: Shape, steps: int, peak: float, deadline: float,
         rows.append(train_row(f"{family} remat={remat} micro={micro}",
                               make_config(family, shape, remat, micro, False), steps, False,
                               peak))
-        (add or (lambda r: print(_format(r), flush=True)))(rows[-1])
+        add(rows[-1])
         break
       except ConfigError as e:  # Does not fit: try two microbatches, then the next policy.
         print(f"  {family} remat={remat} micro={micro}: does not fit ({str(e)[:120]}...)",
@@ -330,8 +330,8 @@ def main(argv=None) -> list[dict]:
       print(f"  (budget spent: {family} decode not run)", flush=True)
       continue
     model_cfg = make_config(family, shape, "none", 1, False).model
-    for row in (decode_rows(model_cfg, hbm_bandwidth(dev.device_kind), batches=(1,), prompt=8, news=(2, 4)) if args.smoke
-                else decode_rows(model_cfg, hbm_bandwidth(dev.device_kind))):
+    small = dict(batches=(1,), prompt=8, news=(2, 4)) if args.smoke else {}
+    for row in decode_rows(model_cfg, hbm_bandwidth(dev.device_kind), **small):
       add(row)
   extra = [("decllm packed, reference ops", dataclasses.replace(shape, ops="reference"))]
   if shape.attention == "cudnn":

@@ -23,8 +23,9 @@ def hbm_bandwidth(device_kind: str) -> float:
 
 def decode_floor_bytes(cfg, params: dict, batch: int, context: float, encoder_length: int = 0
                        ) -> float:
-  """Bytes one greedy decode step reads: the weights it uses, as stored (f32 parameters: 4 bytes
-  each; RedLLM: not the encoder's), and the KV cache: ``context`` cached tokens of the decoder's
+  """Bytes one greedy decode step reads: the weights it uses as the decode layout holds them
+  (a bf16 model: its dense kernels and tables at 2 bytes, norms at 4; RedLLM: not the encoder's),
+  and the KV cache: ``context`` cached tokens of the decoder's
   own (mean over the timed steps) in every self-attention layer, RedLLM's ``encoder_length``
   encoder keys and values in every cross-attention."""
   leaves = jax.tree_util.tree_flatten_with_path(params)[0]
@@ -46,9 +47,8 @@ def decode_rows(model_cfg, bandwidth: float, batches=(1, 8), prompt: int = 128,
   from t5like.models import build_model
   cfg = dataclasses.replace(model_cfg, attention_impl="xla")  # Decoding reads a KV cache.
   family = cfg.family
-  model = build_model(cfg, nnx.Rngs(0))
-  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  generator = gen.Generator(model)
+  generator = gen.Generator(build_model(cfg, nnx.Rngs(0)))
+  params = generator._params  # What a decode step reads (the decode layout's dtypes).
   rng = np.random.default_rng(0)
   rows = []
   for b in batches:

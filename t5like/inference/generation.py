@@ -161,8 +161,10 @@ class Generator:
   """Generation from one model's parameters, its decoder's layers unstacked once for many calls.
 
   ``steps.decode_layout`` copies every decoder layer's weights out of the stacked
-  ``[layers, ...]`` arrays; a Generator holds them (one more copy of the decoder's weights)
-  until it is dropped; build a new one after the model's parameters change.
+  ``[layers, ...]`` arrays (a bf16 model's dense kernels and embedding tables, everywhere, in
+  bf16); a Generator holds them (one more copy of the decoder's weights, and for a bf16 model a
+  half-size copy of the rest's) until it is dropped; build a new one after the model's
+  parameters change.
   """
 
   def __init__(self, model, mesh: Mesh | None = None):

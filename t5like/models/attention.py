@@ -58,10 +58,10 @@ class Attention(nnx.Module):
     self.ops = ops_lib.backend(cfg)
     d, h, g, k = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
     pd = cfg.param_dtype
-    self.wq = param(rngs, fan_in_init(d), (d, h, k), ("embed", "heads", "kv"), pd)
-    self.wk = param(rngs, fan_in_init(d), (d, g, k), ("embed", "heads", "kv"), pd)
-    self.wv = param(rngs, fan_in_init(d), (d, g, k), ("embed", "heads", "kv"), pd)
-    self.wo = param(rngs, fan_in_init(h * k), (h, k, d), ("heads", "kv", "embed"), pd)
+    self.wq = param(rngs, fan_in_init(d), (d, h, k), ("embed", "heads", "kv"), pd, True)
+    self.wk = param(rngs, fan_in_init(d), (d, g, k), ("embed", "heads", "kv"), pd, True)
+    self.wv = param(rngs, fan_in_init(d), (d, g, k), ("embed", "heads", "kv"), pd, True)
+    self.wo = param(rngs, fan_in_init(h * k), (h, k, d), ("heads", "kv", "embed"), pd, True)
     norm = dict(eps=cfg.norm_eps, param_dtype=pd, ops=self.ops, rngs=rngs)
     if cfg.qkv_norm:
       self.q_norm = RMSNorm((k,), ("kv",), **norm)

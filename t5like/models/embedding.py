@@ -21,10 +21,10 @@ class TiedEmbedding(nnx.Module):
     self.cfg = cfg
     self.ops = ops_lib.backend(cfg)
     self.table = param(rngs, nnx.initializers.normal(stddev=1.0), (cfg.vocab_size, cfg.d_model),
-                       ("vocab", "embed"), cfg.param_dtype)
+                       ("vocab", "embed"), cfg.param_dtype, cast_to_compute=True)
     if not cfg.tie_embeddings:
       self.output = param(rngs, fan_in_init(cfg.d_model), (cfg.vocab_size, cfg.d_model),
-                          ("vocab", "embed"), cfg.param_dtype)
+                          ("vocab", "embed"), cfg.param_dtype, cast_to_compute=True)
 
   def embed(self, tokens_bt: jax.Array) -> jax.Array:
     x_btd = jnp.take(self.table[...], tokens_bt, axis=0).astype(dtype(self.cfg.dtype))

@@ -11,6 +11,7 @@ from flax import nnx
 from t5like.ops.reference import dropout, fold  # noqa: F401  (the model's dropout and rng folds)
 
 Axes = tuple[str | None, ...]
+COMPUTE_CAST = "cast_to_compute"  # Parameter metadata: see ``param``.
 
 
 def dtype(name: str) -> jnp.dtype:
@@ -18,14 +19,17 @@ def dtype(name: str) -> jnp.dtype:
 
 
 def param(rngs: nnx.Rngs, init: Callable, shape: Sequence[int], axes: Axes,
-          param_dtype: str) -> nnx.Param:
+          param_dtype: str, cast_to_compute: bool = False) -> nnx.Param:
   """A parameter tagged with logical axis names (mapped to the mesh by t5like.partitioning).
 
   Eager sharding is off: the trainer builds the state abstractly and lets `jax.jit` place it.
+  ``cast_to_compute``: every use casts it to the compute dtype (`model.dtype`) first (the dense
+  kernels, the embedding tables), so generation may hold it in that dtype (``COMPUTE_CAST``).
   """
   assert len(axes) == len(shape), (shape, axes)
   value = init(rngs.params(), tuple(shape), dtype(param_dtype))
-  return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
+  extra = {COMPUTE_CAST: True} if cast_to_compute else {}
+  return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False, **extra)
 
 
 def constrain(x: jax.Array, axes: Axes) -> jax.Array:

@@ -194,9 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     for which in ("train", "eval") if args.eval else ("train",):
       try:
         r = measure(cfg, devices, which, compile_=not args.lower_only)
-      except jax.errors.JaxRuntimeError as e:  # XLA:TPU refuses a program over the HBM.
-        print(f"| {name} | {which} | does not compile: {str(e).splitlines()[0][:200]} (try "
-              "--config.train.microbatches=N or --config.model.remat_policy=full) |", flush=True)
+      except jax.errors.JaxRuntimeError as e:  # E.g. XLA:TPU refusing a program over the HBM.
+        hint = (" (try --config.train.microbatches=N or --config.model.remat_policy=full)"
+                if "RESOURCE_EXHAUSTED" in str(e) else "")  # Other failures: the compiler's own.
+        print(f"| {name} | {which} | does not compile: {str(e).splitlines()[0][:200]}{hint} |",
+              flush=True)
         continue
       print(_row(name, which, r), flush=True)
       if args.ops:

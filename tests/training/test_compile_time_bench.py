@@ -36,6 +36,23 @@ def test_fd2_capture_sees_what_cpp_writes_and_restores_stderr():
   os.write(2, b"")  # fd 2 is usable again.
 
 
+@pytest.mark.parametrize("message, hint", [
+    ("RESOURCE_EXHAUSTED: the total memory required for HLO temporaries (103.36G) exceeds", True),
+    ("INTERNAL: RET_CHECK failure (hlo_instruction.cc:390) async-update instruction", False)])
+def test_a_refused_compile_is_one_row_with_the_memory_hint_only_for_memory(
+    monkeypatch, capsys, message, hint):
+  import jax
+
+  def refuse(*args, **kwargs):
+    raise jax.errors.JaxRuntimeError(message)
+
+  monkeypatch.setattr(compile_time, "measure", refuse)
+  assert compile_time.main([os.path.join(REPO, "configs", "tiny_decllm.py")]) == 0
+  row = capsys.readouterr().out.strip().splitlines()[-1]
+  assert row.startswith("| tiny_decllm | train | does not compile: " + message[:20])
+  assert ("microbatches=N" in row) == hint
+
+
 @pytest.mark.aot
 def test_benchmark_splits_a_tpu_compile_and_compiles_the_baseline():
   proc = subprocess.run(

@@ -58,10 +58,11 @@ class Attention(nnx.Module):
     self.ops = ops_lib.backend(cfg)
     d, h, g, k = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
     pd = cfg.param_dtype
-    self.wq = param(rngs, fan_in_init(d), (d, h, k), ("embed", "heads", "kv"), pd, True)
-    self.wk = param(rngs, fan_in_init(d), (d, g, k), ("embed", "heads", "kv"), pd, True)
-    self.wv = param(rngs, fan_in_init(d), (d, g, k), ("embed", "heads", "kv"), pd, True)
-    self.wo = param(rngs, fan_in_init(h * k), (h, k, d), ("heads", "kv", "embed"), pd, True)
+    kernel = dict(param_dtype=pd, cast_to_compute=True)  # Used in the compute dtype (ops.dense).
+    self.wq = param(rngs, fan_in_init(d), (d, h, k), ("embed", "heads", "kv"), **kernel)
+    self.wk = param(rngs, fan_in_init(d), (d, g, k), ("embed", "heads", "kv"), **kernel)
+    self.wv = param(rngs, fan_in_init(d), (d, g, k), ("embed", "heads", "kv"), **kernel)
+    self.wo = param(rngs, fan_in_init(h * k), (h, k, d), ("heads", "kv", "embed"), **kernel)
     norm = dict(eps=cfg.norm_eps, param_dtype=pd, ops=self.ops, rngs=rngs)
     if cfg.qkv_norm:
       self.q_norm = RMSNorm((k,), ("kv",), **norm)

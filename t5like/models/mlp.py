@@ -15,9 +15,10 @@ class SwiGLU(nnx.Module):
     d, f = cfg.d_model, cfg.d_ff
     self.cfg = cfg
     self.ops = ops_lib.backend(cfg)
-    self.wi_gate = param(rngs, fan_in_init(d), (d, f), ("embed", "mlp"), cfg.param_dtype, True)
-    self.wi_up = param(rngs, fan_in_init(d), (d, f), ("embed", "mlp"), cfg.param_dtype, True)
-    self.wo = param(rngs, fan_in_init(f), (f, d), ("mlp", "embed"), cfg.param_dtype, True)
+    kernel = dict(param_dtype=cfg.param_dtype, cast_to_compute=True)  # Used via ops.dense.
+    self.wi_gate = param(rngs, fan_in_init(d), (d, f), ("embed", "mlp"), **kernel)
+    self.wi_up = param(rngs, fan_in_init(d), (d, f), ("embed", "mlp"), **kernel)
+    self.wo = param(rngs, fan_in_init(f), (f, d), ("mlp", "embed"), **kernel)
 
   def __call__(self, x_btd: jax.Array, valid_bt: jax.Array | None = None, *,
                rng: jax.Array | None = None) -> jax.Array:

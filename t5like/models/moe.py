@@ -154,10 +154,10 @@ class RoutedExperts(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     d, f, e = cfg.d_model, cfg.moe.expert_d_ff, cfg.moe.num_experts
-    pd = cfg.param_dtype
-    self.wi_gate = param(rngs, fan_in_init(d), (e, d, f), ("expert", "embed", "mlp"), pd, True)
-    self.wi_up = param(rngs, fan_in_init(d), (e, d, f), ("expert", "embed", "mlp"), pd, True)
-    self.wo = param(rngs, fan_in_init(f), (e, f, d), ("expert", "mlp", "embed"), pd, True)
+    kernel = dict(param_dtype=cfg.param_dtype, cast_to_compute=True)  # Used via weights(dt).
+    self.wi_gate = param(rngs, fan_in_init(d), (e, d, f), ("expert", "embed", "mlp"), **kernel)
+    self.wi_up = param(rngs, fan_in_init(d), (e, d, f), ("expert", "embed", "mlp"), **kernel)
+    self.wo = param(rngs, fan_in_init(f), (e, f, d), ("expert", "mlp", "embed"), **kernel)
 
   def weights(self, dt) -> tuple[jax.Array, jax.Array, jax.Array]:
     return tuple(w.get_value().astype(dt) for w in (self.wi_gate, self.wi_up, self.wo))

@@ -5,7 +5,6 @@ float32 and must stay so)."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -44,4 +43,4 @@ def test_bf16_decode_layout_holds_dense_weights_in_bf16_and_changes_no_logit(cas
   assert all(d == "float32" for d in _dtypes(steps.decode_layout(model)).values())
   want = cached_logits(model, PROMPTS, FORCED)
   np.testing.assert_array_equal(got, want)
-  assert np.isfinite(got).all() and jnp.dtype(model.cfg.dtype) == jnp.bfloat16
+  assert np.isfinite(got).all()

@@ -51,7 +51,9 @@ def segment_mask(q_segment_ids_bq: jax.Array, kv_segment_ids_bk: jax.Array) -> j
 def _pairs(segment_ids_bt: jax.Array, kind: str, prefix_bt: jax.Array | None):
   """Returns (causal [1,1,t,t], anticausal [1,1,t,t], bidirectional-pair [b|1,1,t,t])."""
   t = segment_ids_bt.shape[1]
-  idx = jnp.arange(t)
+  # The positions as a loaded vector, not an iota XLA folds into the compare: XLA:TPU spends
+  # ~4 s compiling a [t, t] mask kernel with no input (t=2048), a fraction of that otherwise.
+  idx = jax.lax.optimization_barrier(jnp.arange(t))
   causal = (idx[None, :] <= idx[:, None])[None, None]
   anti = (idx[None, :] >= idx[:, None])[None, None]
   if kind == "causal":

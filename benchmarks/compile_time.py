@@ -22,8 +22,12 @@ layer body once) compare variants of a config without the accelerator, e.g.
 ``--config.model.ops=xla`` against ``reference``. ``--eval`` does the same for the eval step,
 which a run compiles at its first evaluation (and ``--compile_only`` after the train step). The
 persistent compilation cache is off here: every number is a cold compile. ``--baseline`` also
-compiles a plain scanned decoder of each DecLLM config's shapes (``compile_baseline.py``). One
-compile at a time in this process; on a host shared with other work the times are upper bounds.
+compiles a plain scanned decoder of each DecLLM config's shapes (``compile_baseline.py``).
+``--kernels N`` (a TPU slice) also splits the backend by kernel: libtpu compiles each kernel of
+the program (a fusion, a collective, a sort) on a thread of its own and logs when it starts and
+ends, so each kernel's seconds on its thread add up by kind (collectives, fusions by their
+leading ops, sorts, ...): the N largest kinds follow each row. One compile at a time in this
+process; on a host shared with other work the times are upper bounds.
 """
 from __future__ import annotations
 
@@ -52,6 +56,12 @@ _UNIT = {"h": 3600.0, "min": 60.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, 
 LIBTPU_LOG_ENV = {"TPU_MIN_LOG_LEVEL": "0", "TPU_STDERR_LOG_LEVEL": "0",
                   "TPU_VMODULE": "hlo_pass_pipeline=1"}
 LIBTPU_XLA_FLAG = "--xla_enable_scoped_logging_timers=true"
+# With the backend's own vmodule (``--kernels``): each kernel's start and end on its thread.
+LIBTPU_KERNEL_VMODULE = "deepsea_compiler_backend=2"
+_KERNEL_LINE = re.compile(r"^[IWE]\d{4} (\d+):(\d+):([\d.]+)\s+(\d+) deepsea_compiler_backend\.cc:"
+                          r"\d+\] (?:\[([^\]]*)\] LLO optimizing [\d,]+ instructions|"
+                          r"post-bundle-packing non-empty bundle count: ([\d,]+))", re.M)
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
 def op_counts(text: str, pattern: re.Pattern) -> collections.Counter:
@@ -75,6 +85,43 @@ def libtpu_stages(log: str) -> dict:
   if bundles:
     out["bundles"] = int(bundles[-1].replace(",", ""))
   return out
+
+
+def kernel_kind(name: str) -> str:
+  """A kernel's kind from its HLO name: ``all-reduce.194`` -> ``all-reduce``,
+  ``xor_convert_fusion.15`` -> ``xor_convert_fusion`` (a fusion is named by its leading ops)."""
+  return re.sub(r"(\.\d+|\.clone)+$", "", name)
+
+
+def libtpu_kernels(log: str) -> dict:
+  """Backend seconds per kernel kind from libtpu's log at ``LIBTPU_KERNEL_VMODULE``: each thread
+  compiles one kernel at a time, from "[name] LLO optimizing" to its bundle count. The program
+  itself (``<no-hlo-instruction>``, which spans the whole backend) is left out.
+  Returns {kind: {"seconds", "kernels", "bundles"}}, largest first."""
+  open_, kinds = {}, collections.defaultdict(lambda: {"seconds": 0.0, "kernels": 0, "bundles": 0})
+  for h, m, sec, thread, name, bundles in _KERNEL_LINE.findall(log):
+    t = int(h) * 3600 + int(m) * 60 + float(sec)
+    if name:
+      open_[thread] = (name, t)
+    elif thread in open_:
+      name, t0 = open_.pop(thread)
+      if name != "<no-hlo-instruction>":
+        k = kinds[kernel_kind(name)]
+        k["seconds"] += max(t - t0, 0.0)
+        k["kernels"] += 1
+        k["bundles"] += int(bundles.replace(",", ""))
+  return dict(sorted(kinds.items(), key=lambda kv: -kv[1]["seconds"]))
+
+
+def kernel_summary(kinds: dict, top: int) -> str:
+  """One line: the ``top`` kinds' thread-seconds, share of all kernels, count, and the share
+  the collectives take together."""
+  total = sum(k["seconds"] for k in kinds.values()) or 1.0
+  coll = sum(k["seconds"] for n, k in kinds.items() if n in _COLLECTIVES)
+  parts = [f"{n} {k['seconds']:.1f} s ({100 * k['seconds'] / total:.0f} %, {k['kernels']}x)"
+           for n, k in list(kinds.items())[:top]]
+  return (f"backend kernels: {total:.1f} thread-s, collectives {100 * coll / total:.0f} %; "
+          + "; ".join(parts))
 
 
 @contextlib.contextmanager
@@ -131,7 +178,8 @@ def measure(cfg, devices, which: str = "train", compile_: bool = True) -> dict:
           "trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
           "ops_before": sum(before.values()), "ops_after": sum(after.values()),
           "top_before": before.most_common(6), "top_after": after.most_common(6),
-          "devices": len(devices), "mesh": dict(mesh.shape), **libtpu_stages(log["text"])}
+          "devices": len(devices), "mesh": dict(mesh.shape), **libtpu_stages(log["text"]),
+          "kernels": libtpu_kernels(log["text"])}
 
 
 def program_costs(compiled) -> dict:
@@ -160,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--baseline", action="store_true",
                       help="also a plain scanned decoder step at each DecLLM config's shapes "
                            "(benchmarks/compile_baseline.py), compiled in the same run")
+  parser.add_argument("--kernels", type=int, default=0, metavar="N",
+                      help="with --topology: the backend's N largest kernel kinds per row "
+                           "(thread-seconds from libtpu's per-kernel log)")
   args, rest = parser.parse_known_args(argv)
   bad = [r for r in rest if not r.startswith("--config.") or "=" not in r]
   if bad:
@@ -167,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
   overrides = [r[len("--config."):] for r in rest]
   if args.topology:  # Before libtpu loads: its compile log says where the time went.
     os.environ.update(LIBTPU_LOG_ENV)
+    if args.kernels:
+      os.environ["TPU_VMODULE"] += "," + LIBTPU_KERNEL_VMODULE
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {LIBTPU_XLA_FLAG}".strip()
   import jax
   from t5like.config import ConfigError, load_config
@@ -201,11 +254,16 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         continue
       print(_row(name, which, r), flush=True)
+      if args.kernels and r.get("kernels"):
+        print(f"|   | {kernel_summary(r['kernels'], args.kernels)} |", flush=True)
       if args.ops:
         print(f"|   | most frequent | | | | | | | {r['top_before']} | {r['top_after']} |",
               flush=True)
     if args.baseline and cfg.model.family == "decllm" and not args.lower_only:
-      print(_row(f"{name}: plain decoder", "train", _baseline(cfg, devices)), flush=True)
+      r = _baseline(cfg, devices)
+      print(_row(f"{name}: plain decoder", "train", r), flush=True)
+      if args.kernels and r.get("kernels"):
+        print(f"|   | {kernel_summary(r['kernels'], args.kernels)} |", flush=True)
   return 0
 
 
@@ -216,7 +274,8 @@ def _baseline(cfg, devices) -> dict:
   ops_before = sum(op_counts(r["lowered"].as_text(), _STABLEHLO_OP).values())
   ops_after = sum(op_counts(r["compiled"].as_text() or "", _HLO_OP).values())
   return {**r, "trace_s": 0.0, "ops_before": ops_before, "ops_after": ops_after,
-          **program_costs(r["compiled"]), **libtpu_stages(log["text"])}
+          **program_costs(r["compiled"]), **libtpu_stages(log["text"]),
+          "kernels": libtpu_kernels(log["text"])}
 
 
 def _row(name: str, which: str, r: dict) -> str:

@@ -29,6 +29,29 @@ def test_libtpu_log_is_read_into_stages():
   assert compile_time.libtpu_stages("no libtpu here") == {}
 
 
+KERNEL_LOG = """\
+I1128 15:13:46.200000   7 deepsea_compiler_backend.cc:3769] [<no-hlo-instruction>] LLO optimizing 34,736 instructions
+I1128 15:13:46.300000   8 deepsea_compiler_backend.cc:3769] [all-reduce.149] LLO optimizing 152,147 instructions
+I1128 15:13:46.400000   9 deepsea_compiler_backend.cc:3769] [fusion.227] LLO optimizing 856 instructions
+I1128 15:13:46.500000   9 deepsea_compiler_backend.cc:2846] post-bundle-packing non-empty bundle count: 121
+I1128 15:13:46.500100   9 deepsea_compiler_backend.cc:3769] [all-reduce.23.clone] LLO optimizing 10 instructions
+I1128 15:13:47.800000   8 deepsea_compiler_backend.cc:2846] post-bundle-packing non-empty bundle count: 31,993
+I1128 15:13:48.000100   9 deepsea_compiler_backend.cc:2846] post-bundle-packing non-empty bundle count: 7
+I1128 15:14:12.791584   7 deepsea_compiler_backend.cc:2846] post-bundle-packing non-empty bundle count: 22,968
+"""
+
+
+def test_backend_kernels_are_timed_per_thread_and_added_up_by_kind():
+  kinds = compile_time.libtpu_kernels(KERNEL_LOG)
+  assert list(kinds) == ["all-reduce", "fusion"]  # Largest first; the program itself left out.
+  assert kinds["all-reduce"]["seconds"] == pytest.approx(1.5 + 1.5)  # Interleaved threads.
+  assert kinds["all-reduce"]["kernels"] == 2 and kinds["all-reduce"]["bundles"] == 32000
+  assert kinds["fusion"] == pytest.approx({"seconds": 0.1, "kernels": 1, "bundles": 121})
+  line = compile_time.kernel_summary(kinds, 1)
+  assert line.startswith("backend kernels: 3.1 thread-s, collectives 97 %; all-reduce 3.0 s")
+  assert "fusion" not in line and compile_time.libtpu_kernels(LOG) == {}
+
+
 def test_fd2_capture_sees_what_cpp_writes_and_restores_stderr():
   with compile_time.captured_fd2() as log:
     os.write(2, b"written to fd 2\n")
@@ -57,7 +80,7 @@ def test_a_refused_compile_is_one_row_with_the_memory_hint_only_for_memory(
 def test_benchmark_splits_a_tpu_compile_and_compiles_the_baseline():
   proc = subprocess.run(
       [sys.executable, os.path.join(REPO, "benchmarks", "compile_time.py"), "--topology",
-       "v5e-4", "--baseline", os.path.join(REPO, "configs", "tiny_decllm.py")],
+       "v5e-4", "--baseline", "--kernels", "3", os.path.join(REPO, "configs", "tiny_decllm.py")],
       cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| tiny")]
@@ -67,3 +90,5 @@ def test_benchmark_splits_a_tpu_compile_and_compiles_the_baseline():
     assert float(backend) > 0 and int(r[8].replace(",", "")) > 0, proc.stdout
     assert float(r[11]) >= 0 and float(r[12].split("/")[0]) > 0, proc.stdout
   assert float(rows[0][11]) > 0, proc.stdout  # The trainer's step has temporaries.
+  kernels = [line for line in proc.stdout.splitlines() if "backend kernels:" in line]
+  assert len(kernels) == 2 and all("fusion" in line for line in kernels), proc.stdout

@@ -57,7 +57,7 @@ def test_parameter_count_is_exact_and_the_checkpoint_holds_one_copy():
   assert param_count.built_param_count(cfg) == param_count.analytic_param_count(cfg)
   state = nnx.state(param_count.abstract_model(cfg), nnx.Param)
   paths = {"/".join(str(k.key) for k in p) for p, _ in jax.tree_util.tree_flatten_with_path(
-      state.to_pure_dict())[0]}
+      nnx.to_pure_dict(state))[0]}
   decoder = {p for p in paths if p.startswith("decoder/")}
   assert decoder and all(p.startswith(("decoder/layers/cross_attention",
                                        "decoder/layers/pre_cross_attention_norm")) for p in decoder)

@@ -10,6 +10,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from t5like.ops import hash_bits
+
 NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)  # Finite, so fully-masked rows stay NaN-free.
 
 
@@ -47,19 +49,17 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
   """Inverted dropout; identity when ``rng`` is None (deterministic) or ``rate`` is 0.
 
-  An element is kept with probability q = round(2^16 (1 - rate)) / 2^16 (the rate to 16 bits)
-  and scaled by 1/q, so the output's expectation is ``x``. The draw compares two random bytes
-  per element with the two bytes of q instead of ``jax.random.bernoulli`` (32 random bits
-  converted to float32 uniforms), which kept several [batch, heads, q, kv] buffers alive per
-  attention layer on TPU (docs/performance.md).
+  An element is kept with probability q = round(2^32 (1 - rate)) / 2^32 and scaled by 1/q, so
+  the output's expectation is ``x``. The keep draw compares 32 bits per element from
+  ``hash_bits.uniform_bits`` (a keyed hash of the element's index) with q, instead of
+  ``jax.random.bernoulli``'s threefry: the same mask on every backend and sharding, at a
+  fraction of the compiled kernel (``hash_bits`` says why).
   """
   if rng is None or rate == 0.0:
     return x
-  q = min(max(round(65536 * (1.0 - rate)), 1), 65535)  # Keep probability in units of 2^-16.
-  hi, lo = divmod(q, 256)
-  bytes_2x = jax.random.bits(rng, (2,) + x.shape, jnp.uint8)
-  keep = (bytes_2x[0] < hi) | ((bytes_2x[0] == hi) & (bytes_2x[1] < lo))
-  return jnp.where(keep, x * jnp.asarray(65536.0 / q, x.dtype), jnp.zeros_like(x))
+  q = min(max(round(2.0 ** 32 * (1.0 - rate)), 1), 2 ** 32 - 1)  # Keep probability / 2^-32.
+  keep = hash_bits.uniform_bits(rng, x.shape) < jnp.uint32(q)
+  return jnp.where(keep, x * jnp.asarray(2.0 ** 32 / q, x.dtype), jnp.zeros_like(x))
 
 
 def fold(rng: jax.Array | None, *data: int | jax.Array) -> jax.Array | None:

@@ -145,23 +145,3 @@ def test_accuracy_counts_targets_with_the_largest_logit():
   assert float(terms.correct) == float(hits.sum()) >= 5
   tie = cross_entropy_with_z_loss(jnp.array([[[1.0, 3.0, 3.0]]]), jnp.array([[2]]), None, 0.0)
   assert float(tie.correct) == 1.0
-
-
-@pytest.mark.parametrize("rate", [0.05, 0.3, 0.9])
-def test_dropout_keeps_the_rate_and_the_expectation(rate):
-  """The two-byte draw keeps each element with probability 1 - rate (to 2^-16) and scales the
-  kept ones by 1/q, so the mean of the output is the input's."""
-  from t5like.models.layers import dropout
-  x = jnp.full((400_000,), 2.0, jnp.float32)
-  y = np.asarray(dropout(x, rate, jax.random.key(3)))
-  kept = y != 0
-  q = round(65536 * (1 - rate)) / 65536
-  n = x.size
-  assert abs(kept.mean() - (1 - rate)) < 5 * np.sqrt(rate * (1 - rate) / n)  # 5 sigma.
-  np.testing.assert_allclose(y[kept], 2.0 / q, rtol=1e-6)
-  assert abs(y.mean() - 2.0) < 5 * 2.0 / q * np.sqrt(q * (1 - q) / n)
-  # Independent draws per key, identical for the same key; identity without a key or rate.
-  assert (np.asarray(dropout(x, rate, jax.random.key(4))) != y).any()
-  np.testing.assert_array_equal(np.asarray(dropout(x, rate, jax.random.key(3))), y)
-  np.testing.assert_array_equal(np.asarray(dropout(x, rate, None)), np.asarray(x))
-  np.testing.assert_array_equal(np.asarray(dropout(x, 0.0, jax.random.key(3))), np.asarray(x))

@@ -18,6 +18,14 @@ expert     expert               MoE experts (routed-expert weights, router colum
 
 A mesh axis is used at most once per array: on activations ``batch`` takes ``fsdp`` first, so
 ``embed`` is then left unsharded (flax's logical-to-mesh resolution skips taken axes).
+
+On TPU chips with SparseCores, ``compiler_options`` has the steps' collectives run on them
+(``mesh.sparsecore_collectives``, on by default): the TensorCores only compute, and an
+all-gather stays an all-gather. Without it, libtpu rewrites each all-gather and reduce-scatter
+over a whole v5p slice (one 64-chip ``fsdp`` axis of a v5p-128) into an all-reduce of a
+zero-padded full-size buffer on the TensorCore, a kernel whose code grows with the weight and
+is compiled once per weight shape: on v5p-128 those kernels were 36-45 % of the 8B configs'
+compile (docs/pods.md, "Compile time").
 """
 from __future__ import annotations
 
@@ -66,6 +74,35 @@ def mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[int, int, int, int]:
         f"mesh data/expert/fsdp/tensor={tuple(sizes)} uses {math.prod(sizes)} devices but "
         f"{num_devices} are available; set one axis to -1 or make the product {num_devices}")
   return tuple(sizes)  # type: ignore[return-value]
+
+
+# libtpu's options for collectives on the SparseCores (those MaxText's tuned v5p configs set and
+# TPU7x's libtpu defaults to); per compile, so each program gets its own chip's choice.
+SPARSECORE_COLLECTIVES: dict[str, bool] = {
+    "xla_tpu_enable_sparse_core_collective_offload_all_gather": True,
+    "xla_tpu_enable_sparse_core_collective_offload_reduce_scatter": True,
+    "xla_tpu_enable_sparse_core_collective_offload_all_reduce": True,
+    "xla_tpu_use_tc_device_shape_on_sc": True,
+    "xla_sc_enable_instruction_fusion": False,
+    "xla_sc_disable_megacore_partitioning": True,
+    # The TensorCore's own overlap of collectives (continuation fusion) gives way to the offload.
+    "xla_tpu_enable_async_collective_fusion_fuse_all_gather": False,
+    "xla_tpu_enable_async_collective_fusion_fuse_reduce_scatter": False,
+    "xla_tpu_enable_async_collective_fusion_fuse_all_reduce": False,
+    "xla_enable_async_all_gather": True,
+    "xla_tpu_prefer_async_allgather_to_allreduce": True,  # Keeps whole-slice all-gathers native.
+}
+# ``device_kind`` of the chips with SparseCores ("TPU v5" is v5p; v5e, "TPU v5 lite", has none).
+SPARSECORE_CHIPS = ("TPU v4", "TPU v5", "TPU v6 lite", "TPU7x")
+
+
+def compiler_options(cfg: MeshConfig, mesh: Mesh) -> dict[str, bool]:
+  """XLA options for the steps compiled on ``mesh`` (``jax.jit(compiler_options=)``)."""
+  device = mesh.devices.flat[0]
+  if (cfg.sparsecore_collectives and device.platform == "tpu"
+      and device.device_kind in SPARSECORE_CHIPS):
+    return dict(SPARSECORE_COLLECTIVES)
+  return {}
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:

@@ -24,6 +24,9 @@ class MeshConfig:
   #   > 0), which also splits the batch like data.
   allow_replication: bool = False  # A parameter dimension the mesh does not divide is an error
   #   before compile; true replicates it instead (logged with its bytes per device).
+  sparsecore_collectives: bool = True  # TPU chips with SparseCores (v4, v5p, v6e, TPU7x): the
+  #   steps' all-gathers, reduce-scatters and all-reduces run on the SparseCores
+  #   (partitioning.compiler_options); false leaves them to libtpu's defaults. No effect on v5e.
 
   def validate(self) -> "MeshConfig":
     sizes = (self.data, self.fsdp, self.tensor, self.expert)

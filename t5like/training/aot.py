@@ -234,7 +234,8 @@ def compile_report(cfg: Config, devices: Sequence[Any] | None = None, *,
   lowered = step_lib.make_train_step(setup).lower(setup.abstract_state, batch)
   report: dict[str, Any] = {
       "devices": len(devices), "device_kind": devices[0].device_kind,
-      "mesh": dict(mesh.shape), "num_params": setup.num_params}
+      "mesh": dict(mesh.shape), "num_params": setup.num_params,
+      "sparsecore_collectives": bool(partitioning.compiler_options(cfg.mesh, mesh))}
   try:
     report["train"] = memory_per_device(lowered.compile())
   except jax.errors.JaxRuntimeError as e:  # The TPU compiler refuses what cannot fit its HBM.
@@ -333,7 +334,9 @@ def format_report(name: str, r: dict[str, Any]) -> str:
   t = r["train"]
   lines = [
       f"{name}: {r['num_params'] / 1e6:,.0f}M parameters on {r['devices']} x "
-      f"{r['device_kind']}, mesh {r['mesh']}, compiled in {r['compile_s']:.1f} s "
+      f"{r['device_kind']}, mesh {r['mesh']}"
+      f"{', collectives on the SparseCores' if r.get('sparsecore_collectives') else ''}, "
+      f"compiled in {r['compile_s']:.1f} s "
       f"(train step {r['compile_train_s']:.1f} s; {r['compile_cache']})",
       f"  train step per chip: arguments {t['arguments'] / GiB:.2f} GiB, outputs "
       f"{t['outputs'] / GiB:.2f} GiB (aliased {t['aliased'] / GiB:.2f}), temporaries "

@@ -162,7 +162,8 @@ def make_train_step(setup: TrainSetup) -> MeshFunction:
   fn = jax.jit(step_fn,
                in_shardings=(setup.state_shardings, setup.batch_sharding),
                out_shardings=(setup.state_shardings, setup.replicated),
-               donate_argnums=(0,))
+               donate_argnums=(0,),
+               compiler_options=partitioning.compiler_options(setup.cfg.mesh, setup.mesh))
   return MeshFunction(fn, setup.mesh)
 
 
@@ -201,7 +202,8 @@ def make_eval_step(setup: TrainSetup) -> EvalStep:
 
   fn = jax.jit(eval_fn, in_shardings=(setup.state_shardings.params, setup.batch_sharding,
                                       setup.state_shardings.model_state),
-               out_shardings=setup.replicated)
+               out_shardings=setup.replicated,
+               compiler_options=partitioning.compiler_options(setup.cfg.mesh, setup.mesh))
   return EvalStep(fn, setup.mesh, bool(jax.tree.leaves(setup.abstract_state.model_state)))
 
 

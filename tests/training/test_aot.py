@@ -104,7 +104,56 @@ def test_train_py_compile_only_for_a_tpu_slice(tmp_path):
       text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "4 x TPU v5" in proc.stdout and "memory per chip 95.0 GiB: fits" in proc.stdout
+  assert "collectives on the SparseCores" in proc.stdout
   assert "roofline" in proc.stdout
+
+
+def test_collectives_go_to_the_sparsecores_only_on_chips_that_have_them():
+  """``partitioning.compiler_options``: libtpu's offload options for v4 / v5p / v6e / TPU7x
+  devices while ``mesh.sparsecore_collectives`` is on; nothing for v5e, CPUs, or when off."""
+  import types
+  import numpy as np
+  from t5like import partitioning
+  from t5like.config.train import MeshConfig
+
+  def mesh_of(platform, kind):
+    device = types.SimpleNamespace(platform=platform, device_kind=kind)
+    return types.SimpleNamespace(devices=np.array([device, device], dtype=object))
+
+  on, off = MeshConfig(), MeshConfig(sparsecore_collectives=False)
+  for kind in ("TPU v4", "TPU v5", "TPU v6 lite", "TPU7x"):
+    opts = partitioning.compiler_options(on, mesh_of("tpu", kind))
+    assert opts == partitioning.SPARSECORE_COLLECTIVES, kind
+    assert opts["xla_tpu_enable_sparse_core_collective_offload_all_gather"] is True
+    assert partitioning.compiler_options(off, mesh_of("tpu", kind)) == {}
+  assert partitioning.compiler_options(on, mesh_of("tpu", "TPU v5 lite")) == {}
+  assert partitioning.compiler_options(on, mesh_of("cpu", "cpu")) == {}
+  assert partitioning.compiler_options(on, partitioning.make_mesh(on)) == {}  # This host's.
+
+
+@pytest.mark.aot
+def test_v5p_train_step_runs_its_collectives_on_the_sparsecores():
+  """The compiled train step of a v5p slice hands its collectives to the SparseCores (libtpu
+  marks them ``async_execution_thread="sparsecore"``); with ``mesh.sparsecore_collectives=false``,
+  and on v5e (no SparseCores), none is. The eval step compiles with the same options."""
+  from t5like import partitioning
+  from t5like.training import state as state_lib
+  from t5like.training import step as step_lib
+
+  def offloaded(topology, on):
+    cfg = tiny_config("decllm", batch_size=16)
+    cfg.mesh.sparsecore_collectives = on
+    mesh = partitioning.make_mesh(cfg.mesh, aot.topology_devices(topology)[1])
+    setup = state_lib.build_setup(cfg, mesh)
+    batch = aot.abstract_batch(cfg, setup.batch_sharding, 16)
+    with jax.set_mesh(mesh), partitioning.axis_rules():
+      train = step_lib.make_train_step(setup).lower(setup.abstract_state, batch).compile()
+      step_lib.make_eval_step(setup).lower(setup.abstract_state.params, batch).compile()
+    return train.as_text().count('async_execution_thread="sparsecore"')
+
+  assert offloaded("v5p-8", True) > 0
+  assert offloaded("v5p-8", False) == 0
+  assert offloaded("v5e-4", True) == 0
 
 
 @pytest.mark.aot

@@ -18,6 +18,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from t5like import partitioning
+
 
 def _params(m) -> dict:
   f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
@@ -92,7 +94,8 @@ def measure(cfg, devices) -> dict:
   data = NamedSharding(mesh, P("fsdp"))
   fn = jax.jit(step, in_shardings=(shard(params), shard(opt_state), data),
                out_shardings=(shard(params), shard(opt_state), NamedSharding(mesh, P())),
-               donate_argnums=(0, 1))
+               donate_argnums=(0, 1),  # The trainer's collective options (SparseCores).
+               compiler_options=partitioning.compiler_options(cfg.mesh, mesh))
   t0, c0 = time.perf_counter(), time.process_time()
   lowered = fn.lower(params, opt_state, tokens)
   t1, c1 = time.perf_counter(), time.process_time()

@@ -1,6 +1,7 @@
 """The MoE capacity path on one device: with room for every pair it equals the dropless path
 (forward and gradients); with less, the dropped pairs are the ones a direct count in token order
-drops, counted in the stats, padding never taking a place."""
+drops, counted in the stats, padding never taking a place, and the gradients are a dense
+computation's."""
 from __future__ import annotations
 
 import dataclasses
@@ -78,3 +79,40 @@ def test_dropped_pairs_equal_a_direct_count(factor):
       0.0, None)).reshape(len(xs), e, -1)
   want = np.einsum("nk,nkd->nd", gates * kept, np.take_along_axis(every, idx[..., None], 1))
   np.testing.assert_allclose(got.reshape(len(xs), -1), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("factor", [0.5, 0.75])
+def test_capacity_dispatch_gradients_with_drops_equal_a_dense_reference(factor):
+  """The dispatch's scatter into the experts' buffers and gather back differentiate like a dense
+  computation, drops included: every expert on every token, each kept pair's row taken, dropped
+  pairs and padding giving zero."""
+  from t5like.models import moe_dispatch
+  rng = np.random.default_rng(0)
+  b, t, d, f, e, k = 2, 9, 8, 16, 4, 2
+  x = jnp.asarray(rng.normal(size=(b, t, d)), jnp.float32)
+  idx = jnp.asarray(np.stack([rng.choice(e, k, replace=False) for _ in range(b * t)])
+                    .reshape(b, t, k), jnp.int32)
+  valid = np.ones((b, t), bool)
+  valid[1, 6:] = False
+  weights = tuple(jnp.asarray(0.3 * rng.normal(size=s), jnp.float32)
+                  for s in ((e, d, f), (e, d, f), (e, f, d)))
+  w_out = jnp.asarray(rng.normal(size=(b, t, k, d)), jnp.float32)
+
+  def capped(x, weights):
+    y, kept = moe_dispatch.capacity_experts(x, idx, jnp.asarray(valid), weights, factor)
+    return jnp.sum(y * w_out), kept
+
+  def dense(x, weights, kept):
+    every_etd = moe_dispatch._experts(
+        jnp.broadcast_to(x.reshape(1, b * t, d), (e, b * t, d)), *weights)
+    y_tkd = every_etd[idx.reshape(-1, k), jnp.arange(b * t)[:, None]]
+    return jnp.sum(y_tkd.reshape(b, t, k, d) * kept[..., None] * w_out)
+
+  (loss, kept), grads = jax.value_and_grad(capped, argnums=(0, 1), has_aux=True)(x, weights)
+  kept = np.asarray(kept)
+  assert not kept[valid].all() and not kept[~valid].any()  # Drops happen; padding keeps nothing.
+  want, want_grads = jax.value_and_grad(dense, argnums=(0, 1))(x, weights, jnp.asarray(kept))
+  np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)
+  for a, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(w),
+                               atol=1e-5 * max(1.0, float(np.abs(np.asarray(w)).max())))

@@ -198,9 +198,10 @@ def _train(cfg: Config, workdir: str, data, setup, init_dir, step_hook, t_start,
 
   # ---- 2. abstract sharded state, checkpointer, then restore / init_from / random -------------
   mesh = setup.mesh
-  log.info("%s: %.3fM parameters; mesh %s over %d devices (%d processes); batch %d x %d "
+  log.info("%s: %.3fM parameters; mesh %s over %d devices (%d processes)%s; batch %d x %d "
            "microbatches", cfg.model.family, setup.num_params / 1e6, dict(mesh.shape),
-           mesh.size, nproc, cfg.train.batch_size, cfg.train.microbatches)
+           mesh.size, nproc, ", collectives on the SparseCores" if partitioning.compiler_options(
+               cfg.mesh, mesh) else "", cfg.train.batch_size, cfg.train.microbatches)
   state_lib.log_memory_layout(setup)
   ckpt_dir = paths.resolve(cfg.checkpoint.dir) if cfg.checkpoint.dir else paths.join(
       workdir, "checkpoints")

@@ -91,6 +91,8 @@ SPARSECORE_COLLECTIVES: dict[str, bool] = {
     "xla_tpu_enable_async_collective_fusion_fuse_all_reduce": False,
     "xla_enable_async_all_gather": True,
     "xla_tpu_prefer_async_allgather_to_allreduce": True,  # Keeps whole-slice all-gathers native.
+    # Large sorts too (RedLLM's embedding gradients sort the whole batch's token ids).
+    "xla_tpu_enable_offloading_sort_to_sparsecore": True,
 }
 # ``device_kind`` of the chips with SparseCores ("TPU v5" is v5p; v5e, "TPU v5 lite", has none).
 SPARSECORE_CHIPS = ("TPU v4", "TPU v5", "TPU v6 lite", "TPU7x")

@@ -25,7 +25,7 @@ class MeshConfig:
   allow_replication: bool = False  # A parameter dimension the mesh does not divide is an error
   #   before compile; true replicates it instead (logged with its bytes per device).
   sparsecore_collectives: bool = True  # TPU chips with SparseCores (v4, v5p, v6e, TPU7x): the
-  #   steps' all-gathers, reduce-scatters and all-reduces run on the SparseCores
+  #   steps' all-gathers, reduce-scatters, all-reduces and large sorts run on the SparseCores
   #   (partitioning.compiler_options); false leaves them to libtpu's defaults. No effect on v5e.
 
   def validate(self) -> "MeshConfig":

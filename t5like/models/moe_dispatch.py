@@ -9,11 +9,14 @@ Buffers are [experts, C, embed]. With an ``expert`` mesh axis of size P (the rul
 logical ``expert`` axis to it), each device holds N_r / P experts: inside ``shard_map`` every
 device fills the buffers of all experts from its own tokens, one ``all_to_all`` over ``expert``
 sends each expert's buffer to the device that holds it, the experts run, and a second
-``all_to_all`` brings the outputs back. (``ragged_all_to_all``, which dropless dispatch would
+``all_to_all`` brings the outputs back. Rows move by gathers both ways: each slot knows its
+(token, k) pair (a binary search of the experts' running counts) and each pair its slot, so
+neither direction's gradient is a scatter. (``ragged_all_to_all``, which dropless dispatch would
 need, does not run on XLA:CPU; this path does, so it is tested on fake CPU devices.)
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -29,15 +32,45 @@ def capacity(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
 
 
 def places(idx_tk: jax.Array, valid_t: jax.Array, num_experts: int,
-           cap: int) -> tuple[jax.Array, jax.Array]:
-  """(place of each pair in its expert's buffer [T, K] int32, kept [T, K] bool)."""
+           cap: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(place of each pair in its expert's buffer [T, K] int32, kept [T, K] bool, the pair
+  t * K + k in each buffer slot [E, C] int32, T * K where the slot stays empty)."""
   t, k = idx_tk.shape
   chosen_ne = jax.nn.one_hot(idx_tk.reshape(-1), num_experts, dtype=jnp.int32)
   chosen_ne = chosen_ne * jnp.repeat(valid_t.astype(jnp.int32), k)[:, None]
-  before_ne = jnp.cumsum(chosen_ne, axis=0) - chosen_ne  # Pairs of that expert ahead of this one.
-  place_tk = jnp.sum(before_ne * chosen_ne, axis=-1).reshape(t, k)
+  upto_ne = jnp.cumsum(chosen_ne, axis=0)  # Pairs of that expert up to this one, this included.
+  place_tk = jnp.sum((upto_ne - 1) * chosen_ne, axis=-1).reshape(t, k)
   kept_tk = valid_t[:, None] & (place_tk < cap)
-  return place_tk, kept_tk
+  # Slot c of expert e holds the first pair at which that expert's running count reaches c + 1
+  # (a binary search per slot: the count never decreases); none reaches it: T * K.
+  want_c = jnp.arange(1, cap + 1, dtype=jnp.int32)
+  pair_ec = jax.vmap(lambda upto_n: jnp.searchsorted(upto_n, want_c), in_axes=1)(upto_ne)
+  return place_tk, kept_tk, pair_ec.astype(jnp.int32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def take(src: jax.Array, index: tuple[jax.Array, ...], inverse: tuple[jax.Array, ...],
+         fold_axis: int | None) -> jax.Array:
+  """``src[index]`` (one index array per leading axis of ``src``; zero where an index is out of
+  range), differentiated by a gather too: ``dy[inverse]``, summed over ``fold_axis`` where
+  several outputs took the same row. A custom VJP because the gradient of a gather is a
+  scatter-add, which XLA:TPU compiles with a sort of its indices (hundreds of thousands of
+  (token, expert) pairs a layer); here the inverse is known."""
+  return src.at[index].get(mode="fill", fill_value=0)
+
+
+def _take_fwd(src, index, inverse, fold_axis):
+  return take(src, index, inverse, fold_axis), inverse
+
+
+def _take_bwd(fold_axis, inverse, dy):
+  rows = dy.at[inverse].get(mode="fill", fill_value=0)
+  if fold_axis is not None:
+    rows = jnp.sum(rows, axis=fold_axis, dtype=jnp.float32).astype(dy.dtype)
+  return rows, None, None
+
+
+take.defvjp(_take_fwd, _take_bwd)
 
 
 def _experts(x_ecd: jax.Array, wi_gate, wi_up, wo) -> jax.Array:
@@ -54,18 +87,17 @@ def _local(x_td, idx_tk, valid_t, weights, factor: float, axis: str | None, shar
   e = wi_gate.shape[0] * shards
   t, k = idx_tk.shape
   cap = capacity(t, k, e, factor)
-  place_tk, kept_tk = places(idx_tk, valid_t, e, cap)
-  place_tk = jnp.where(kept_tk, place_tk, cap)  # Out of range: dropped by the scatter.
-  x_tkd = jnp.broadcast_to(x_td[:, None, :], (t, k, x_td.shape[-1]))
-  buf_ecd = jnp.zeros((e, cap, x_td.shape[-1]), x_td.dtype).at[idx_tk, place_tk].add(
-      x_tkd, mode="drop")
+  place_tk, kept_tk, pair_ec = places(idx_tk, valid_t, e, cap)
+  place_tk = jnp.where(kept_tk, place_tk, cap)  # Out of range: a dropped pair takes no slot.
+  token_ec, slot_ec = pair_ec // k, pair_ec % k  # Empty slots: token T, out of range.
+  buf_ecd = take(x_td, (token_ec,), (idx_tk, place_tk), 1)
   if axis is None:
     out_ecd = _experts(buf_ecd, *weights)
   else:  # [P, E/P, C, d]: chunk p goes to device p; received chunks are indexed by source.
     buf = jax.lax.all_to_all(buf_ecd.reshape(shards, e // shards, cap, -1), axis, 0, 0)
     out = jax.lax.all_to_all(_experts(buf, *weights), axis, 0, 0)
     out_ecd = out.reshape(e, cap, -1)
-  y_tkd = out_ecd.at[idx_tk, place_tk].get(mode="fill", fill_value=0)
+  y_tkd = take(out_ecd, (idx_tk, place_tk), (token_ec, slot_ec), None)
   return y_tkd, kept_tk
 
 

@@ -138,3 +138,15 @@ def test_capacity_dispatch_and_its_gradient_have_no_scatter():
   text = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, weights))
   assert "gather" in text
   assert "scatter" not in text, [ln for ln in text.splitlines() if "scatter" in ln]
+
+
+@pytest.mark.parametrize("n,block", [(36, 256), (1000, 8), (70_003, 256)])
+def test_running_count_equals_cumsum_exactly(n, block):
+  """The capacity path's running counts (triangular products in bfloat16 with float32 sums) are
+  ``cumsum`` exactly, across blocks and a ragged last block, up to counts far past bfloat16's
+  256."""
+  from t5like.models.moe_dispatch import running_count
+  rng = np.random.default_rng(n)
+  for chosen in ((rng.random((n, 6)) < 0.11).astype(np.int32), np.ones((n, 3), np.int32)):
+    got = np.asarray(running_count(jnp.asarray(chosen), block=block))
+    np.testing.assert_array_equal(got, np.cumsum(chosen, axis=0))

@@ -27,7 +27,7 @@ from t5like import partitioning
 from t5like.models import LossTerms, build_model, cross_entropy_with_z_loss
 from t5like.models import moe
 from t5like.training import moe_balance
-from t5like.training.state import TrainSetup, TrainState, all_finite
+from t5like.training.state import TrainSetup, TrainState
 
 Batch = Mapping[str, jax.Array]
 
@@ -128,15 +128,18 @@ def make_train_step(setup: TrainSetup) -> MeshFunction:
     grads, terms, stats = grads_and_terms(state.params, state.model_state, batch, state.step)
     grad_norm = optax.tree.norm(grads)
     lr = jnp.asarray(setup.schedule(state.step), jnp.float32)
-    updates, new_opt = setup.tx.update(grads, state.opt_state, state.params)
-    new_params = jax.tree.map(lambda p, u: p + (lr * u).astype(p.dtype), state.params, updates)
-    # Finite loss and gradient, and (cheap insurance) finite new parameters.
-    finite = jnp.isfinite(terms.loss) & jnp.isfinite(grad_norm) & all_finite(new_params)
+    # A step applies only with a finite loss and gradient (Adafactor's update of finite gradients
+    # is finite). Known before the update, the choice fuses into each parameter's and optimizer
+    # statistic's update kernel instead of a check and a select per array after it.
+    finite = jnp.isfinite(terms.loss) & jnp.isfinite(grad_norm)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa
+    updates, new_opt = setup.tx.update(grads, state.opt_state, state.params)
+    new_params = jax.tree.map(lambda p, u: jnp.where(finite, p + (lr * u).astype(p.dtype), p),
+                              state.params, updates)
     skipped = jnp.logical_not(finite).astype(jnp.int32)
     new_state = TrainState(
         step=state.step + 1,
-        params=keep(new_params, state.params),
+        params=new_params,
         opt_state=keep(new_opt, state.opt_state),
         skipped_steps=state.skipped_steps + skipped,
         consecutive_skipped=jnp.where(finite, 0, state.consecutive_skipped + 1),

@@ -19,13 +19,13 @@ expert     expert               MoE experts (routed-expert weights, router colum
 A mesh axis is used at most once per array: on activations ``batch`` takes ``fsdp`` first, so
 ``embed`` is then left unsharded (flax's logical-to-mesh resolution skips taken axes).
 
-On TPU chips with SparseCores, ``compiler_options`` has the steps' collectives (and their large
-sorts) run on them (``mesh.sparsecore_collectives``, on by default): the TensorCores only
-compute, and an all-gather stays an all-gather. Without it, libtpu rewrites each all-gather and reduce-scatter
-over a whole v5p slice (one 64-chip ``fsdp`` axis of a v5p-128) into an all-reduce of a
-zero-padded full-size buffer on the TensorCore, a kernel whose code grows with the weight and
-is compiled once per weight shape: on v5p-128 those kernels were 36-45 % of the 8B configs'
-compile (docs/pods.md, "Compile time").
+On TPU chips with SparseCores, ``compiler_options`` has the steps' collectives and large sorts
+run on them (``mesh.sparsecore_collectives``, on by default): the TensorCores only compute, and
+an all-gather stays an all-gather. Without it, libtpu rewrites each all-gather and
+reduce-scatter over a whole v5p slice (one 64-chip ``fsdp`` axis of a v5p-128) into an
+all-reduce of a zero-padded full-size buffer on the TensorCore, a kernel whose code grows with
+the weight and is compiled once per weight shape: on v5p-128 those kernels were 36-45 % of the
+8B configs' compile (docs/pods.md, "Compile time").
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ an all-gather stays an all-gather. Without it, libtpu rewrites each all-gather a
 reduce-scatter over a whole v5p slice (one 64-chip ``fsdp`` axis of a v5p-128) into an
 all-reduce of a zero-padded full-size buffer on the TensorCore, a kernel whose code grows with
 the weight and is compiled once per weight shape: on v5p-128 those kernels were 36-45 % of the
-8B configs' compile (docs/pods.md, "Compile time").
+8B configs' compile (docs/compile.md).
 """
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ class TrainConfig:
   profile_steps: str = ""  # "START:STOP": a jax.profiler trace of the steps that take the state
   #   from step START to step STOP, written under <workdir>/profile (TensorBoard's profile tab;
   #   Perfetto). "" = off. E.g. "10:13" traces three steps after compilation and warm-up.
-  compile_cache: bool = True  # Persistent compilation cache (docs/pods.md): a restart of the same
+  compile_cache: bool = True  # Persistent compilation cache (docs/compile.md): a restart of the same
   #   config on the same devices and JAX version loads its compiled steps instead of compiling.
   compile_cache_dir: str = ""  # Where (any URI, gs:// included; shared by all hosts). "" =
   #   $JAX_COMPILATION_CACHE_DIR if set, else <workdir>/compile_cache.

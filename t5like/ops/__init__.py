@@ -18,7 +18,7 @@ Choice (``resolve``, once per run, where the model is built; logged): ``model.op
 default ``auto``: on CPU devices ``cpu_kernels`` where the kernels' library is built and the
 run is on one device, else ``xla_cpu``; on TPU/GPU ``xla`` (on TPU, XLA's cost model estimates
 ``reference`` faster, but some of its programs need more memory, e.g. redllm_1b at
-``dots_no_batch``: not switched without a TPU step time, docs/pods.md). The platform is that of
+``dots_no_batch``: not switched without a TPU step time, docs/compile.md). The platform is that of
 the mesh's devices when a mesh is given (an ahead-of-time compile for a TPU slice on a CPU
 host), else JAX's default backend, so every host decides alike. Overrides, read only here:
 ``T5LIKE_OPS=<backend>`` replaces ``model.ops``; ``T5LIKE_CPU_KERNELS=0`` turns ``auto``'s

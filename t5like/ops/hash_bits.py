@@ -4,9 +4,9 @@ Written by hand because neither of JAX's generators suits a dropout mask on TPU:
 default, with ``jax_threefry_partitionable``) runs a full 20-round Threefry-2x32, ~100 integer
 operations, per element drawn, fused into every dropout site, forward, recomputed and backward:
 a quarter to a third of the instruction-tuning configs' compile; ``rbg`` (XLA's
-``RngBitGenerator``) is materialised by XLA:TPU instead of fused (docs/pods.md, "Compile
-time"). This is counter-based like threefry: each element's bits depend only on the key and the
-element's index in the global array, so every device of a sharded program computes its own
+``RngBitGenerator``) is materialised by XLA:TPU instead of fused (docs/compile.md). This is
+counter-based like threefry: each element's bits depend only on the key and the element's
+index in the global array, so every device of a sharded program computes its own
 slice of the same mask, in the same fused kernel as the dropout, and a remat recomputes it
 exactly. Two rounds of ``lowbias32`` (Chris Wellons' hash-prospector integer hash: xor-shift,
 multiply, xor-shift, multiply, xor-shift) are ~20 operations per element.

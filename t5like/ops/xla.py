@@ -1,5 +1,5 @@
 """The ``xla`` backend: the reference operations in forms chosen on XLA:CPU measurements (the
-TPU/GPU default; how it compares with ``reference`` on a TPU: docs/pods.md#compile-time).
+TPU/GPU default; how it compares with ``reference`` on a TPU: docs/compile.md).
 
 - Products as one 2-D ``[N, K] x [K, M]`` matmul (the major axes merged; sharded batch/heads axes
   stay sharded): with [batch, length, ...] operands the weight gradient contracts over two axes,

@@ -43,6 +43,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.compile_sources import Kernel, add_up, kernel_kind  # noqa: E402
+
 _STABLEHLO_OP = re.compile(r"=\s+(?:\"?)(stablehlo\.[a-z_]+|func\.call|sdy\.[a-z_]+)")
 _HLO_OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+ = [^ ]+(?: [^ ]+)*? ([a-z][\w\-]*)\(", re.M)
 
@@ -87,18 +89,12 @@ def libtpu_stages(log: str) -> dict:
   return out
 
 
-def kernel_kind(name: str) -> str:
-  """A kernel's kind from its HLO name: ``all-reduce.194`` -> ``all-reduce``,
-  ``xor_convert_fusion.15`` -> ``xor_convert_fusion`` (a fusion is named by its leading ops)."""
-  return re.sub(r"(\.\d+|\.clone)+$", "", name)
-
-
-def libtpu_kernels(log: str) -> dict:
-  """Backend seconds per kernel kind from libtpu's log at ``LIBTPU_KERNEL_VMODULE``: each thread
-  compiles one kernel at a time, from "[name] LLO optimizing" to its bundle count. The program
-  itself (``<no-hlo-instruction>``, which spans the whole backend) is left out.
-  Returns {kind: {"seconds", "kernels", "bundles"}}, largest first."""
-  open_, kinds = {}, collections.defaultdict(lambda: {"seconds": 0.0, "kernels": 0, "bundles": 0})
+def kernel_times(log: str) -> list[Kernel]:
+  """Each kernel of libtpu's log at ``LIBTPU_KERNEL_VMODULE``, in the order they end: a thread
+  compiles one kernel at a time, from "[name] LLO optimizing" to its bundle count, so its
+  seconds are that span on its thread. The program itself (``<no-hlo-instruction>``, which
+  spans the whole backend) is left out."""
+  open_, out = {}, []
   for h, m, sec, thread, name, bundles in _KERNEL_LINE.findall(log):
     t = int(h) * 3600 + int(m) * 60 + float(sec)
     if name:
@@ -106,11 +102,14 @@ def libtpu_kernels(log: str) -> dict:
     elif thread in open_:
       name, t0 = open_.pop(thread)
       if name != "<no-hlo-instruction>":
-        k = kinds[kernel_kind(name)]
-        k["seconds"] += max(t - t0, 0.0)
-        k["kernels"] += 1
-        k["bundles"] += int(bundles.replace(",", ""))
-  return dict(sorted(kinds.items(), key=lambda kv: -kv[1]["seconds"]))
+        out.append(Kernel(name, max(t - t0, 0.0), int(bundles.replace(",", ""))))
+  return out
+
+
+def libtpu_kernels(log: str) -> dict:
+  """Backend seconds per kernel kind (``kernel_kind``) from libtpu's log (``kernel_times``).
+  Returns {kind: {"seconds", "kernels", "bundles"}}, largest first."""
+  return add_up(kernel_times(log), lambda k: kernel_kind(k.name))
 
 
 def kernel_summary(kinds: dict, top: int) -> str:

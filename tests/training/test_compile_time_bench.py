@@ -2,13 +2,17 @@
 benchmark compiling a tiny config and its plain-decoder baseline for a TPU slice."""
 from __future__ import annotations
 
+import collections
 import os
+import re
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 
-from benchmarks import compile_time
+from benchmarks import compile_sources, compile_time
 from train_helpers import REPO, subprocess_env
 
 LOG = """\
@@ -50,6 +54,75 @@ def test_backend_kernels_are_timed_per_thread_and_added_up_by_kind():
   line = compile_time.kernel_summary(kinds, 1)
   assert line.startswith("backend kernels: 3.1 thread-s, collectives 97 %; all-reduce 3.0 s")
   assert "fusion" not in line and compile_time.libtpu_kernels(LOG) == {}
+
+
+def _project(x, w):
+  with jax.named_scope("projection_scope"):
+    return x @ w  # <- line:project
+
+
+def _loss(w, x):
+  h = _project(x, w)  # <- line:loss-calls-project
+  with jax.named_scope("head_scope"):
+    return jnp.sum(jnp.sin(h) ** 2)  # <- line:head
+
+
+def _small_step_hlo() -> str:
+  """The optimised HLO text, stack frame tables included, of a tiny gradient on XLA:CPU."""
+  step = jax.jit(jax.grad(_loss))
+  return step.lower(jnp.ones((4, 8)), jnp.ones((3, 4))).compile().as_text()  # <- line:lower
+
+
+def _line(marker: str) -> int:
+  with open(__file__, encoding="utf-8") as f:
+    return next(n for n, text in enumerate(f, 1) if text.rstrip().endswith(f"# <- line:{marker}"))
+
+
+def _kernel_log(kernels: list[tuple[str, float, int]]) -> str:
+  """libtpu's per-kernel lines (``KERNEL_LOG``'s format) for kernels one after another on a
+  thread: (name, seconds, bundles)."""
+  lines, t = [], 0.0
+  for name, seconds, bundles in kernels:
+    for at, what in ((t, f"[{name}] LLO optimizing 10 instructions"),
+                     (t + seconds, f"post-bundle-packing non-empty bundle count: {bundles:,}")):
+      lines.append(f"I1128 15:{int(at // 60):02d}:{at % 60:09.6f}   9 "
+                   f"deepsea_compiler_backend.cc:3769] {what}")
+    t += seconds + 1.0
+  return "\n".join(lines) + "\n"
+
+
+def test_backend_seconds_land_on_the_source_lines_that_made_the_kernels():
+  hlo = _small_step_hlo()
+  assert "StackFrames" in hlo and "stack_frame_id=" in hlo
+  # Every instruction from one of the two scopes is a kernel of its own seconds. The
+  # scope in its op name (not its stack) says which line made it; transpose( says backward.
+  ops = re.findall(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*metadata=\{op_name="([^"]*(?:projection|head)'
+                   r'_scope[^"]*)"', hlo, re.M)
+  assert len({("transpose(" in op, "projection" in op) for _, op in ops}) == 4, ops
+  me = os.path.basename(__file__)
+  where = {True: f"_project@{me}:{_line('project')} < _loss@{me}:{_line('loss-calls-project')}",
+           False: f"_loss@{me}:{_line('head')} < _small_step_hlo@{me}:{_line('lower')}"}
+  kernels, expected = [], collections.Counter()
+  for i, (name, op) in enumerate(ops):  # One named with libtpu's .clone suffix.
+    kernels.append((name + (".clone" if i == 0 else ""), 2.0 ** i, 100 + i))
+    expected[f"{'bwd' if 'transpose(' in op else 'fwd'} {where['projection' in op]}"] += 2.0 ** i
+  kernels.append(("all-reduce.7", 0.5, 3))  # Not an instruction of this program.
+  log = _kernel_log(kernels)
+  groups = compile_sources.by_source(compile_time.kernel_times(log), hlo,
+                                     inside=os.path.join("tests", "training", me))
+  assert {k: g["seconds"] for k, g in groups.items()} == pytest.approx(
+      {**expected, "all-reduce": 0.5}, abs=1e-4)
+  assert sum(g["kernels"] for g in groups.values()) == len(kernels)
+  assert sum(g["bundles"] for g in groups.values()) == sum(b for _, _, b in kernels)
+  # Outside the frames asked for, kernels go by their op: nothing names a line, nothing is lost.
+  by_op = compile_sources.by_source(compile_time.kernel_times(log), hlo)
+  assert not any("@" in k for k in by_op) and "all-reduce" in by_op
+  assert sum(g["seconds"] for g in by_op.values()) == pytest.approx(sum(2.0 ** i for i in range(
+      len(ops))) + 0.5, abs=1e-4)
+  lines = compile_sources.source_summary(groups, 1)  # The largest, then the rest together.
+  assert len(lines) == 3 and list(groups)[0] in lines[1] and "more groups" in lines[2]
+  assert sum(float(re.search(r"([\d.]+) s ", line).group(1)) for line in lines[1:]) == (
+      pytest.approx(sum(g["seconds"] for g in groups.values()), abs=0.1))
 
 
 def test_fd2_capture_sees_what_cpp_writes_and_restores_stderr():

@@ -11,11 +11,14 @@ source (XLA's timers stop at a pass, libtpu's log at a kernel).
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import re
 from typing import Callable, NamedTuple
 
 Frame = tuple[str, str, int]  # (file, function, line)
+# The repository's package: the frames a kernel is attributed to by default.
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "t5like")
 
 
 class Kernel(NamedTuple):
@@ -111,32 +114,38 @@ def instruction_sources(hlo: str, names: set[str]) -> dict[str, Source]:
   return out
 
 
-def _frame_text(frame: Frame) -> str:
+@functools.lru_cache(maxsize=None)
+def _below(file: str, inside: str) -> str | None:
+  """``file``'s path below the absolute directory ``inside`` (the package: ``models/mlp.py``),
+  its base name if ``inside`` is that file itself; None if ``file`` is elsewhere."""
+  path = os.path.abspath(file)
+  if path == inside:
+    return os.path.basename(path)
+  return path[len(inside) + 1:] if path.startswith(inside + os.sep) else None
+
+
+def _frame_text(function: str, file: str, line: int) -> str:
   """``function@file.py:line``, the function without its enclosing ``f.<locals>.`` scopes."""
-  file, function, line = frame
-  return f"{function.rsplit('.<locals>.', 1)[-1]}@{os.path.basename(file)}:{line}"
+  return f"{function.rsplit('.<locals>.', 1)[-1]}@{file}:{line}"
 
 
-def _inside(file: str, inside: str) -> bool:
-  return file.startswith(inside) or ("/" + inside.lstrip("/")) in file
-
-
-def source_group(kernel: Kernel, source: Source | None, inside: str = "t5like/",
-                 depth: int = 2) -> str:
+def source_group(kernel: Kernel, source: Source | None, inside: str = PACKAGE,
+                 depth: int = 3) -> str:
   """A kernel's group: ``bwd`` (its op is under a ``transpose(``) or ``fwd``, then its
-  ``depth`` innermost frames in files under ``inside``, innermost first. Without such a frame
-  the op name's last component stands in (``all-reduce``, ``sort``; numbered as XLA numbers
-  its instructions, ``broadcast.86``, by its kind), and without an op name or an instruction of
-  that name in the program, the kernel's kind."""
+  ``depth`` innermost frames in the directory or file ``inside``, innermost first. Without such
+  a frame the op name's last component stands in (``all-reduce``, ``sort``; one numbered as XLA
+  numbers instructions, ``broadcast.86``, by its kind), and without an op name or an
+  instruction of that name in the program, the kernel's kind."""
   if source is None or not source.op_name:
     return kernel_kind(kernel.name)
   phase = "bwd" if "transpose(" in source.op_name else "fwd"
-  ours = [_frame_text(f) for f in source.frames if _inside(f[0], inside)][:depth]
+  ours = [_frame_text(function, below, line) for file, function, line in source.frames
+          if (below := _below(file, os.path.abspath(inside))) is not None][:depth]
   return f"{phase} {' < '.join(ours) or kernel_kind(source.op_name.rsplit('/', 1)[-1])}"
 
 
-def by_source(kernels: list[Kernel], hlo: str, inside: str = "t5like/",
-              depth: int = 2) -> dict:
+def by_source(kernels: list[Kernel], hlo: str, inside: str = PACKAGE,
+              depth: int = 3) -> dict:
   """``kernels``' seconds, count and bundles added up by ``source_group``, largest first. A
   kernel's instruction is looked up by its exact name, then without ``.clone`` suffixes."""
   bare = {k.name: re.sub(r"(\.clone(\.\d+)?)+$", "", k.name) for k in kernels}

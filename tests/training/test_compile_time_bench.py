@@ -153,7 +153,8 @@ def test_a_refused_compile_is_one_row_with_the_memory_hint_only_for_memory(
 def test_benchmark_splits_a_tpu_compile_and_compiles_the_baseline():
   proc = subprocess.run(
       [sys.executable, os.path.join(REPO, "benchmarks", "compile_time.py"), "--topology",
-       "v5e-4", "--baseline", "--kernels", "3", os.path.join(REPO, "configs", "tiny_decllm.py")],
+       "v5e-4", "--baseline", "--kernels", "3", "--by_source", "3",
+       os.path.join(REPO, "configs", "tiny_decllm.py")],
       cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| tiny")]
@@ -165,3 +166,13 @@ def test_benchmark_splits_a_tpu_compile_and_compiles_the_baseline():
   assert float(rows[0][11]) > 0, proc.stdout  # The trainer's step has temporaries.
   kernels = [line for line in proc.stdout.splitlines() if "backend kernels:" in line]
   assert len(kernels) == 2 and all("fusion" in line for line in kernels), proc.stdout
+  # By source: the same kernels' seconds, the largest groups naming the model's own lines (the
+  # trainer's under t5like/models/, the plain decoder's in its file).
+  sources = [line for line in proc.stdout.splitlines() if "by source (" in line]
+  assert [re.search(r"\(([\d.]+) thread-s", line).group(1) for line in sources] == [
+      re.search(r"kernels: ([\d.]+) thread-s", line).group(1) for line in kernels], proc.stdout
+  trainer, baseline = proc.stdout.split("plain decoder")
+  models = re.findall(r"@models/(\w+\.py):\d+", trainer)
+  assert models and all(os.path.exists(os.path.join(REPO, "t5like", "models", m))
+                        for m in models), proc.stdout
+  assert "@compile_baseline.py:" in baseline, proc.stdout

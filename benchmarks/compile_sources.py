@@ -75,9 +75,9 @@ def _table(hlo: str, title: str) -> dict[int, str]:
 def stack_frames(hlo: str) -> dict[int, tuple[Frame, ...]]:
   """Each stack frame id of an HLO module's text -> its stack, innermost frame first.
 
-  The text writes each frame's parent id plus one (jax 0.10's XLA: a root frame's parent reads
-  1, frame 1's parent reads 1 too), so the offset is read off the table itself: a frame cannot
-  be its own parent, as parents are indexed before their children."""
+  The text writes each frame's parent id plus one (jax 0.10.2's XLA: a root's parent reads 1,
+  so frame 1, always a root, reads as its own parent), so the offset is read off the table: a
+  frame cannot be its own parent, as parents are indexed before their children."""
   files = {i: v.strip('"') for i, v in _table(hlo, "FileNames").items()}
   functions = {i: v.strip('"') for i, v in _table(hlo, "FunctionNames").items()}
   locations = {}

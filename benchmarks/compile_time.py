@@ -1,7 +1,7 @@
 """Where a train step's compile time goes, per phase, for the paper configs.
 
   python benchmarks/compile_time.py --topology v5p-128 configs/decllm_1b.py configs/redllm_1b.py \
-      [--eval] [--baseline] [--config.key=value ...]
+      [--eval] [--baseline] [--kernels N] [--by_source N] [--config.key=value ...]
 
 For each config, the trainer's own train step (state layout, shardings, microbatches, remat,
 donation: ``step.make_train_step``) for the devices of ``--topology`` (a TPU slice compiled
@@ -26,8 +26,13 @@ compiles a plain scanned decoder of each DecLLM config's shapes (``compile_basel
 ``--kernels N`` (a TPU slice) also splits the backend by kernel: libtpu compiles each kernel of
 the program (a fusion, a collective, a sort) on a thread of its own and logs when it starts and
 ends, so each kernel's seconds on its thread add up by kind (collectives, fusions by their
-leading ops, sorts, ...): the N largest kinds follow each row. One compile at a time in this
-process; on a host shared with other work the times are upper bounds.
+leading ops, sorts, ...): the N largest kinds follow each row. ``--by_source N`` (a TPU slice)
+adds those seconds up by the model source each kernel came from: its phase (``bwd`` when
+its op is a ``transpose(...)``, else ``fwd``) and its ``--by_source_depth`` (3) innermost frames
+in ``t5like/`` (``function@models/file.py:line``, innermost first; the plain decoder's in
+``compile_baseline.py``), read from the compiled program's op metadata and stack frames
+(``compile_sources.py``); a kernel without such a frame goes by its op (``all-reduce``). One
+compile at a time in this process; on a host shared with other work the times are upper bounds.
 """
 from __future__ import annotations
 
@@ -42,6 +47,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.compile_sources import (  # noqa: E402
+    PACKAGE, Kernel, add_up, by_source, kernel_kind, source_summary)
 
 _STABLEHLO_OP = re.compile(r"=\s+(?:\"?)(stablehlo\.[a-z_]+|func\.call|sdy\.[a-z_]+)")
 _HLO_OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+ = [^ ]+(?: [^ ]+)*? ([a-z][\w\-]*)\(", re.M)
@@ -87,18 +95,12 @@ def libtpu_stages(log: str) -> dict:
   return out
 
 
-def kernel_kind(name: str) -> str:
-  """A kernel's kind from its HLO name: ``all-reduce.194`` -> ``all-reduce``,
-  ``xor_convert_fusion.15`` -> ``xor_convert_fusion`` (a fusion is named by its leading ops)."""
-  return re.sub(r"(\.\d+|\.clone)+$", "", name)
-
-
-def libtpu_kernels(log: str) -> dict:
-  """Backend seconds per kernel kind from libtpu's log at ``LIBTPU_KERNEL_VMODULE``: each thread
-  compiles one kernel at a time, from "[name] LLO optimizing" to its bundle count. The program
-  itself (``<no-hlo-instruction>``, which spans the whole backend) is left out.
-  Returns {kind: {"seconds", "kernels", "bundles"}}, largest first."""
-  open_, kinds = {}, collections.defaultdict(lambda: {"seconds": 0.0, "kernels": 0, "bundles": 0})
+def kernel_times(log: str) -> list[Kernel]:
+  """Each kernel of libtpu's log at ``LIBTPU_KERNEL_VMODULE``, in the order they end: a thread
+  compiles one kernel at a time, from "[name] LLO optimizing" to its bundle count, so its
+  seconds are that span on its thread. The program itself (``<no-hlo-instruction>``, which
+  spans the whole backend) is left out."""
+  open_, out = {}, []
   for h, m, sec, thread, name, bundles in _KERNEL_LINE.findall(log):
     t = int(h) * 3600 + int(m) * 60 + float(sec)
     if name:
@@ -106,11 +108,14 @@ def libtpu_kernels(log: str) -> dict:
     elif thread in open_:
       name, t0 = open_.pop(thread)
       if name != "<no-hlo-instruction>":
-        k = kinds[kernel_kind(name)]
-        k["seconds"] += max(t - t0, 0.0)
-        k["kernels"] += 1
-        k["bundles"] += int(bundles.replace(",", ""))
-  return dict(sorted(kinds.items(), key=lambda kv: -kv[1]["seconds"]))
+        out.append(Kernel(name, max(t - t0, 0.0), int(bundles.replace(",", ""))))
+  return out
+
+
+def libtpu_kernels(log: str) -> dict:
+  """Backend seconds per kernel kind (``kernel_kind``) from libtpu's log (``kernel_times``).
+  Returns {kind: {"seconds", "kernels", "bundles"}}, largest first."""
+  return add_up(kernel_times(log), lambda k: kernel_kind(k.name))
 
 
 def kernel_summary(kinds: dict, top: int) -> str:
@@ -146,8 +151,10 @@ def captured_fd2():
       out["text"] = f.read().decode(errors="replace")
 
 
-def measure(cfg, devices, which: str = "train", compile_: bool = True) -> dict:
-  """Phase seconds and op counts of ``cfg``'s train (or eval) step compiled for ``devices``."""
+def measure(cfg, devices, which: str = "train", compile_: bool = True,
+            source_depth: int = 0) -> dict:
+  """Phase seconds and op counts of ``cfg``'s train (or eval) step compiled for ``devices``;
+  with ``source_depth``, also its kernels' seconds by model source (``"sources"``)."""
   import jax
   from t5like import partitioning
   from t5like.training import aot
@@ -173,13 +180,24 @@ def measure(cfg, devices, which: str = "train", compile_: bool = True) -> dict:
     compiled = lowered.compile() if compile_ else None
   t3, c3 = time.perf_counter(), time.process_time()
   before = op_counts(lowered.as_text(), _STABLEHLO_OP)
-  after = op_counts((compiled.as_text() or "") if compiled else "", _HLO_OP)
+  hlo = (compiled.as_text() or "") if compiled else ""
+  after = op_counts(hlo, _HLO_OP)
   return {**program_costs(compiled), "trace_lower_cpu_s": c2 - c0, "compile_cpu_s": c3 - c2,
           "trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
           "ops_before": sum(before.values()), "ops_after": sum(after.values()),
           "top_before": before.most_common(6), "top_after": after.most_common(6),
           "devices": len(devices), "mesh": dict(mesh.shape), **libtpu_stages(log["text"]),
-          "kernels": libtpu_kernels(log["text"])}
+          **_kernel_splits(log["text"], hlo, source_depth, PACKAGE)}
+
+
+def _kernel_splits(log: str, hlo: str, source_depth: int, inside: str) -> dict:
+  """The backend's kernels by kind and, with ``source_depth``, by their ``source_depth``
+  innermost frames under ``inside`` (``compile_sources.by_source``)."""
+  kernels = kernel_times(log)
+  out = {"kernels": add_up(kernels, lambda k: kernel_kind(k.name))}
+  if source_depth and kernels:
+    out["sources"] = by_source(kernels, hlo, inside, source_depth)
+  return out
 
 
 def program_costs(compiled) -> dict:
@@ -211,6 +229,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--kernels", type=int, default=0, metavar="N",
                       help="with --topology: the backend's N largest kernel kinds per row "
                            "(thread-seconds from libtpu's per-kernel log)")
+  parser.add_argument("--by_source", type=int, default=0, metavar="N",
+                      help="with --topology: the backend's kernels by the model source that "
+                           "produced them (fwd/bwd and the innermost t5like/ frames), the N "
+                           "largest groups per row")
+  parser.add_argument("--by_source_depth", type=int, default=3, metavar="D",
+                      help="frames of t5like/ per --by_source group, innermost first "
+                           "(default 3: a model line's matmul takes two in t5like/ops/)")
   args, rest = parser.parse_known_args(argv)
   bad = [r for r in rest if not r.startswith("--config.") or "=" not in r]
   if bad:
@@ -218,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
   overrides = [r[len("--config."):] for r in rest]
   if args.topology:  # Before libtpu loads: its compile log says where the time went.
     os.environ.update(LIBTPU_LOG_ENV)
-    if args.kernels:
+    if args.kernels or args.by_source:
       os.environ["TPU_VMODULE"] += "," + LIBTPU_KERNEL_VMODULE
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {LIBTPU_XLA_FLAG}".strip()
   import jax
@@ -246,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     name = os.path.splitext(os.path.basename(path))[0]
     for which in ("train", "eval") if args.eval else ("train",):
       try:
-        r = measure(cfg, devices, which, compile_=not args.lower_only)
+        r = measure(cfg, devices, which, compile_=not args.lower_only,
+                    source_depth=args.by_source_depth if args.by_source else 0)
       except jax.errors.JaxRuntimeError as e:  # E.g. XLA:TPU refusing a program over the HBM.
         hint = (" (try --config.train.microbatches=N or --config.model.remat_policy=full)"
                 if "RESOURCE_EXHAUSTED" in str(e) else "")  # Other failures: the compiler's own.
@@ -254,28 +280,35 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         continue
       print(_row(name, which, r), flush=True)
-      if args.kernels and r.get("kernels"):
-        print(f"|   | {kernel_summary(r['kernels'], args.kernels)} |", flush=True)
+      _print_kernels(r, args)
       if args.ops:
         print(f"|   | most frequent | | | | | | | {r['top_before']} | {r['top_after']} |",
               flush=True)
     if args.baseline and cfg.model.family == "decllm" and not args.lower_only:
-      r = _baseline(cfg, devices)
+      r = _baseline(cfg, devices, args.by_source_depth if args.by_source else 0)
       print(_row(f"{name}: plain decoder", "train", r), flush=True)
-      if args.kernels and r.get("kernels"):
-        print(f"|   | {kernel_summary(r['kernels'], args.kernels)} |", flush=True)
+      _print_kernels(r, args)
   return 0
 
 
-def _baseline(cfg, devices) -> dict:
+def _print_kernels(r: dict, args: argparse.Namespace) -> None:
+  """The lines under a row that ``--kernels`` and ``--by_source`` ask for."""
+  if args.kernels and r.get("kernels"):
+    print(f"|   | {kernel_summary(r['kernels'], args.kernels)} |", flush=True)
+  if args.by_source and r.get("sources"):
+    print("\n".join(source_summary(r["sources"], args.by_source)), flush=True)
+
+
+def _baseline(cfg, devices, source_depth: int = 0) -> dict:
   from benchmarks import compile_baseline
   with captured_fd2() as log:
     r = compile_baseline.measure(cfg, devices)
   ops_before = sum(op_counts(r["lowered"].as_text(), _STABLEHLO_OP).values())
-  ops_after = sum(op_counts(r["compiled"].as_text() or "", _HLO_OP).values())
+  hlo = r["compiled"].as_text() or ""
+  ops_after = sum(op_counts(hlo, _HLO_OP).values())
   return {**r, "trace_s": 0.0, "ops_before": ops_before, "ops_after": ops_after,
-          **program_costs(r["compiled"]), **libtpu_stages(log["text"]),
-          "kernels": libtpu_kernels(log["text"])}
+          **program_costs(r["compiled"]), **libtpu_stages(log["text"]),  # Its frames are its
+          **_kernel_splits(log["text"], hlo, source_depth, compile_baseline.__file__)}  # file's.
 
 
 def _row(name: str, which: str, r: dict) -> str:

@@ -2,13 +2,17 @@
 benchmark compiling a tiny config and its plain-decoder baseline for a TPU slice."""
 from __future__ import annotations
 
+import collections
 import os
+import re
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 
-from benchmarks import compile_time
+from benchmarks import compile_sources, compile_time
 from train_helpers import REPO, subprocess_env
 
 LOG = """\
@@ -52,6 +56,75 @@ def test_backend_kernels_are_timed_per_thread_and_added_up_by_kind():
   assert "fusion" not in line and compile_time.libtpu_kernels(LOG) == {}
 
 
+def _project(x, w):
+  with jax.named_scope("projection_scope"):
+    return x @ w  # <- line:project
+
+
+def _loss(w, x):
+  h = _project(x, w)  # <- line:loss-calls-project
+  with jax.named_scope("head_scope"):
+    return jnp.sum(jnp.sin(h) ** 2)  # <- line:head
+
+
+def _small_step_hlo() -> str:
+  """The optimised HLO text, stack frame tables included, of a tiny gradient on XLA:CPU."""
+  step = jax.jit(jax.grad(_loss))
+  return step.lower(jnp.ones((4, 8)), jnp.ones((3, 4))).compile().as_text()  # <- line:lower
+
+
+def _line(marker: str) -> int:
+  with open(__file__, encoding="utf-8") as f:
+    return next(n for n, text in enumerate(f, 1) if text.rstrip().endswith(f"# <- line:{marker}"))
+
+
+def _kernel_log(kernels: list[tuple[str, float, int]]) -> str:
+  """libtpu's per-kernel lines (``KERNEL_LOG``'s format) for kernels one after another on a
+  thread: (name, seconds, bundles)."""
+  lines, t = [], 0.0
+  for name, seconds, bundles in kernels:
+    for at, what in ((t, f"[{name}] LLO optimizing 10 instructions"),
+                     (t + seconds, f"post-bundle-packing non-empty bundle count: {bundles:,}")):
+      lines.append(f"I1128 15:{int(at // 60):02d}:{at % 60:09.6f}   9 "
+                   f"deepsea_compiler_backend.cc:3769] {what}")
+    t += seconds + 1.0
+  return "\n".join(lines) + "\n"
+
+
+def test_backend_seconds_land_on_the_source_lines_that_made_the_kernels():
+  hlo = _small_step_hlo()
+  assert "StackFrames" in hlo and "stack_frame_id=" in hlo
+  # Every instruction from one of the two scopes is a kernel of its own seconds. The
+  # scope in its op name (not its stack) says which line made it; transpose( says backward.
+  ops = re.findall(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*metadata=\{op_name="([^"]*(?:projection|head)'
+                   r'_scope[^"]*)"', hlo, re.M)
+  assert len({("transpose(" in op, "projection" in op) for _, op in ops}) == 4, ops
+  me = os.path.basename(__file__)
+  where = {True: f"_project@{me}:{_line('project')} < _loss@{me}:{_line('loss-calls-project')}",
+           False: f"_loss@{me}:{_line('head')} < _small_step_hlo@{me}:{_line('lower')}"}
+  kernels, expected = [], collections.Counter()
+  for i, (name, op) in enumerate(ops):  # One named with libtpu's .clone suffix.
+    kernels.append((name + (".clone" if i == 0 else ""), 2.0 ** i, 100 + i))
+    expected[f"{'bwd' if 'transpose(' in op else 'fwd'} {where['projection' in op]}"] += 2.0 ** i
+  kernels.append(("all-reduce.7", 0.5, 3))  # Not an instruction of this program.
+  log = _kernel_log(kernels)
+  groups = compile_sources.by_source(compile_time.kernel_times(log), hlo,
+                                     inside=__file__, depth=2)
+  assert {k: g["seconds"] for k, g in groups.items()} == pytest.approx(
+      {**expected, "all-reduce": 0.5}, abs=1e-4)
+  assert sum(g["kernels"] for g in groups.values()) == len(kernels)
+  assert sum(g["bundles"] for g in groups.values()) == sum(b for _, _, b in kernels)
+  # Outside the frames asked for, kernels go by their op: nothing names a line, nothing is lost.
+  by_op = compile_sources.by_source(compile_time.kernel_times(log), hlo)
+  assert not any("@" in k for k in by_op) and "all-reduce" in by_op
+  assert sum(g["seconds"] for g in by_op.values()) == pytest.approx(sum(2.0 ** i for i in range(
+      len(ops))) + 0.5, abs=1e-4)
+  lines = compile_sources.source_summary(groups, 1)  # The largest, then the rest together.
+  assert len(lines) == 3 and list(groups)[0] in lines[1] and "more groups" in lines[2]
+  assert sum(float(re.search(r"([\d.]+) s ", line).group(1)) for line in lines[1:]) == (
+      pytest.approx(sum(g["seconds"] for g in groups.values()), abs=0.1))
+
+
 def test_fd2_capture_sees_what_cpp_writes_and_restores_stderr():
   with compile_time.captured_fd2() as log:
     os.write(2, b"written to fd 2\n")
@@ -80,7 +153,8 @@ def test_a_refused_compile_is_one_row_with_the_memory_hint_only_for_memory(
 def test_benchmark_splits_a_tpu_compile_and_compiles_the_baseline():
   proc = subprocess.run(
       [sys.executable, os.path.join(REPO, "benchmarks", "compile_time.py"), "--topology",
-       "v5e-4", "--baseline", "--kernels", "3", os.path.join(REPO, "configs", "tiny_decllm.py")],
+       "v5e-4", "--baseline", "--kernels", "3", "--by_source", "3",
+       os.path.join(REPO, "configs", "tiny_decllm.py")],
       cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| tiny")]
@@ -92,3 +166,13 @@ def test_benchmark_splits_a_tpu_compile_and_compiles_the_baseline():
   assert float(rows[0][11]) > 0, proc.stdout  # The trainer's step has temporaries.
   kernels = [line for line in proc.stdout.splitlines() if "backend kernels:" in line]
   assert len(kernels) == 2 and all("fusion" in line for line in kernels), proc.stdout
+  # By source: the same kernels' seconds, the largest groups naming the model's own lines (the
+  # trainer's under t5like/models/, the plain decoder's in its file).
+  sources = [line for line in proc.stdout.splitlines() if "by source (" in line]
+  assert [re.search(r"\(([\d.]+) thread-s", line).group(1) for line in sources] == [
+      re.search(r"kernels: ([\d.]+) thread-s", line).group(1) for line in kernels], proc.stdout
+  trainer, baseline = proc.stdout.split("plain decoder")
+  models = re.findall(r"@models/(\w+\.py):\d+", trainer)
+  assert models and all(os.path.exists(os.path.join(REPO, "t5like", "models", m))
+                        for m in models), proc.stdout
+  assert "@compile_baseline.py:" in baseline, proc.stdout

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from t5like.data import counts, sources
+from t5like.data import counts, shard_reader, sources
 from t5like.data import task_common as tc
 
 
@@ -29,7 +29,7 @@ def register_flan(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
 
 def _capped_reader(filename, *, cap: int, **kwargs):
   # Stop reading (and close the file) at the cap: an open stream per big task would pile up.
-  return sources.jsonl_dataset(filename, max_lines=cap, **kwargs).take(cap)
+  return shard_reader.jsonl_dataset(filename, max_lines=cap, **kwargs).take(cap)
 
 
 def _overrides_for_grouping(spec: tc.CorpusSpec, subs: set[str], tasks: set[str]

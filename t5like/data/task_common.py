@@ -11,7 +11,7 @@ import hashlib
 import os
 from typing import Any, Callable
 
-from t5like.data import sources
+from t5like.data import shard_reader, sources
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +111,7 @@ def make_task(name: str, source, spec: CorpusSpec):
 def jsonl_source(split_files: dict[str, list[str]], schema, spec: CorpusSpec, label: str):
   import seqio  # pylint: disable=g-import-not-at-top
 
-  reader = functools.partial(sources.jsonl_dataset, schema=schema, policy=spec.bad_records,
+  reader = functools.partial(shard_reader.jsonl_dataset, schema=schema, policy=spec.bad_records,
                              label=label)
   return seqio.FileDataSource(read_file_fn=reader, split_to_filepattern=split_files,
                               caching_permitted=False)

@@ -54,18 +54,18 @@ class PipelineData:
     self.cfg = cfg
     self._eval_pipelines: dict[tuple, Any] = {}  # (rows, shard, shards, mixture) -> Iterators
     try:
-      from t5like.data import checks, pipeline, sources  # noqa: F401
+      from t5like.data import checks, pipeline, shard_reader  # noqa: F401
     except ImportError as e:
       raise ConfigError(
           f"the data pipeline t5like.data.pipeline is not importable ({e}); it is needed to "
           f"train on data.mixture={cfg.data.mixture!r}") from e
     if check:
       checks.check_data(cfg)
-    changed = sources.raise_open_file_limit()  # Room for the reader's open shard streams.
+    changed = shard_reader.raise_open_file_limit()  # Room for the reader's open shard streams.
     if changed:
       logging.getLogger("t5like.training").info(
           "raised this process's open-file limit from %d to %d: the data reader keeps up to "
-          "$T5LIKE_OPEN_SHARDS=%d shard files open", *changed, sources.open_shards_wanted())
+          "$T5LIKE_OPEN_SHARDS=%d shard files open", *changed, shard_reader.open_shards_wanted())
 
   def train(self, batch_size, shard_index, num_shards):
     from t5like.data import pipeline

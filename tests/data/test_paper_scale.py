@@ -13,7 +13,7 @@ import seqio
 
 from data_helpers import write_jsonl
 from t5like.config import ConfigError
-from t5like.data import checks, counts, pipeline, sources, validation
+from t5like.data import checks, counts, pipeline, shard_reader, sources, validation
 from t5like.training.data import PipelineData
 
 # The fixture corpus has arxiv, book and wikipedia only.
@@ -177,12 +177,12 @@ def _write_files(d, n_files, n_lines, zst):
 def test_reader_never_rereads_a_prefix_when_interleaving_many_files(tmp_path, monkeypatch, zst,
                                                                     capacity):
   paths = _write_files(tmp_path, 300, 12, zst)
-  cache = sources._StreamCache(capacity=capacity)  # pylint: disable=protected-access
-  monkeypatch.setattr(sources, "_CACHE", cache)
+  cache = shard_reader._StreamCache(capacity=capacity)  # pylint: disable=protected-access
+  monkeypatch.setattr(shard_reader, "_CACHE", cache)
   got = collections.defaultdict(list)
   for index in range(4):  # Round-robin over 300 files, one 4-line chunk each: FLAN-like mixing.
     for path in paths:
-      done, cols = sources.read_chunk(path, index, sources.TEXT_SCHEMA, policy="error",
+      done, cols = shard_reader.read_chunk(path, index, sources.TEXT_SCHEMA, policy="error",
                                       label="t", chunk_size=4)
       assert done == (index == 3)
       got[path] += cols[0]

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from data_helpers import write_jsonl
-from t5like.data import pipeline, sources
+from t5like.data import pipeline, shard_reader, sources
 
 BAD_LINES = (
     b'{"text": "unterminated',  # invalid_json
@@ -56,17 +56,17 @@ def test_flan_schema_fills_optional_fields(tmp_path):
 def test_chunk_reads_are_pure_and_sequential_reading_matches(tmp_path, zst):
   path = str(write_jsonl(tmp_path / f"c.jsonl{'.zst' if zst else ''}", _good(10), zst=zst))
   kw = dict(policy="skip", label="chunk-test", chunk_size=3)
-  seq = [sources.read_chunk(path, i, sources.TEXT_SCHEMA, **kw) for i in range(5)]
+  seq = [shard_reader.read_chunk(path, i, sources.TEXT_SCHEMA, **kw) for i in range(5)]
   assert [done for done, _ in seq] == [False, False, False, False, True]
   assert [len(cols[0]) for _, cols in seq] == [3, 3, 3, 1, 0]
   # Chunk 2 read cold (no cached stream positioned there) equals the sequential read.
-  sources._CACHE = sources._StreamCache()
-  assert sources.read_chunk(path, 2, sources.TEXT_SCHEMA, **kw) == seq[2]
+  shard_reader._CACHE = shard_reader._StreamCache()
+  assert shard_reader.read_chunk(path, 2, sources.TEXT_SCHEMA, **kw) == seq[2]
 
 
 def test_jsonl_dataset_reads_all_records_and_resumes_mid_file(tmp_path):
   path = str(write_jsonl(tmp_path / "d.jsonl.zst", _good(11), zst=True, raw_lines=BAD_LINES))
-  ds = sources.jsonl_dataset(tf.constant(path), sources.TEXT_SCHEMA, policy="skip",
+  ds = shard_reader.jsonl_dataset(tf.constant(path), sources.TEXT_SCHEMA, policy="skip",
                              label="ds-test", chunk_size=4)
   opts = tf.data.Options()
   opts.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
@@ -78,7 +78,7 @@ def test_jsonl_dataset_reads_all_records_and_resumes_mid_file(tmp_path):
   ckpt = tf.train.Checkpoint(it=it)
   prefix = ckpt.write(str(tmp_path / "ck"))
   rest = [r["text"].numpy() for r in it]
-  sources._CACHE = sources._StreamCache()  # Force the restored reader to reopen and skip.
+  shard_reader._CACHE = shard_reader._StreamCache()  # Force the restored reader to reopen and skip.
   it2 = iter(ds)
   tf.train.Checkpoint(it=it2).read(prefix).assert_consumed()
   assert [r["text"].numpy() for r in it2] == rest and len(rest) == 5
@@ -159,17 +159,17 @@ def test_reading_never_changes_the_open_file_limit_and_a_run_raises_it_explicitl
   low = 512 if hard == resource.RLIM_INFINITY or hard >= 1024 else hard // 2
   resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
   try:
-    cache = sources._StreamCache(capacity=4096)  # pylint: disable=protected-access
-    monkeypatch.setattr(sources, "_CACHE", cache)
+    cache = shard_reader._StreamCache(capacity=4096)  # pylint: disable=protected-access
+    monkeypatch.setattr(shard_reader, "_CACHE", cache)
     paths = [str(write_jsonl(tmp_path / f"f{i}.jsonl", _good(4))) for i in range(3)]
     for p in paths:
-      sources.read_chunk(p, 0, sources.TEXT_SCHEMA, policy="skip", label="lim", chunk_size=2)
+      shard_reader.read_chunk(p, 0, sources.TEXT_SCHEMA, policy="skip", label="lim", chunk_size=2)
     assert resource.getrlimit(resource.RLIMIT_NOFILE) == (low, hard)  # Reading: no change.
     assert cache.capacity() == max(8, low - 256)  # Fewer streams under a low limit.
-    changed = sources.raise_open_file_limit(low + 300)
+    changed = shard_reader.raise_open_file_limit(low + 300)
     assert changed == (low, low + 300) or hard != resource.RLIM_INFINITY and hard < low + 300
     assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == min(low + 300, hard)
     assert cache.capacity() == min(4096, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256)
-    assert sources.raise_open_file_limit(low) is None  # Never lowered.
+    assert shard_reader.raise_open_file_limit(low) is None  # Never lowered.
   finally:
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

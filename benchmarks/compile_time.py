@@ -40,7 +40,6 @@ import argparse
 import collections
 import contextlib
 import os
-import platform
 import re
 import sys
 import tempfile
@@ -50,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.compile_sources import (  # noqa: E402
     PACKAGE, Kernel, add_up, by_source, kernel_kind, source_summary)
+from t5like.tools import provenance  # noqa: E402
 
 _STABLEHLO_OP = re.compile(r"=\s+(?:\"?)(stablehlo\.[a-z_]+|func\.call|sdy\.[a-z_]+)")
 _HLO_OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+ = [^ ]+(?: [^ ]+)*? ([a-z][\w\-]*)\(", re.M)
@@ -255,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, jax "
-        f"{jax.__version__}, {args.topology or 'local devices'}, {time.strftime('%Y-%m-%d')}"
+  stamp = provenance.stamp()
+  print(f"# {stamp['host']}, {stamp['cpus']} CPUs, jax {stamp['jax']}"
+        f"{', libtpu ' + stamp['libtpu'] if stamp['libtpu'] else ''}, code {stamp['code'] or '?'}, "
+        f"{args.topology or 'local devices'}, {stamp['date']}"
         f"{', overrides ' + ' '.join(overrides) if overrides else ''}")
   print("| config | step | trace s | lower s | XLA compile s | CPU s: trace+lower / compile | "
         "XLA:TPU s: HLO passes (SPMD) / backend / code gen | bundles | StableHLO ops | "

@@ -31,6 +31,7 @@ from etils import epath
 
 from t5like import cli
 from t5like.config import Config, ConfigError, load_config
+from t5like.tools import provenance
 from t5like.training import aot
 
 PRETRAIN = [f"{f}_{s}" for s in ("150m", "1b", "2b", "4b", "8b") for f in ("decllm", "redllm")]
@@ -137,7 +138,7 @@ def _row(name: str, topo: str, r: dict[str, Any]) -> str:
           f"{r['remat']} | {r['train']['peak'] / aot.GiB:.1f} / {r['hbm_bytes'] / aot.GiB:.0f} | "
           f"{fits} | {r['step_s']:.2f}-{r['step_serial_s']:.2f} | "
           f"{r['mfu_serial']:.0%}-{r['mfu']:.0%} | "
-          f"{r['compile_s']:.0f} |")
+          f"{r['compile_s']:.0f} | {provenance.cell(r.get('compiled'))} |")
 
 
 def _lines(results: dict[str, dict[str, Any]], keep: dict[str, str], row) -> list[str]:
@@ -152,8 +153,8 @@ def _lines(results: dict[str, dict[str, Any]], keep: dict[str, str], row) -> lis
 
 def markdown(results: dict[str, dict[str, Any]], keep: dict[str, str] | None = None) -> str:
   rows = ["| config | slice | params | mesh | micro-batches | remat | peak / HBM GiB per chip | "
-          "headroom | step s | roofline MFU | compile s |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "headroom | step s | roofline MFU | compile s | compiled (date, host, code) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   return "\n".join(rows + _lines(results, keep or {}, _row))
 
 
@@ -268,6 +269,7 @@ def _compile_in_process(args, shown: dict[str, tuple[str, int]],
                               candidates=_row_candidates(key, shown, candidates))
       if name in args.splash_configs:
         report["splash"] = splash_variant(chosen, chip, devices)
+      report["compiled"] = provenance.stamp()  # Compile seconds depend on host and code.
       results[key] = _jsonable(report)
       results_path.parent.mkdir(parents=True, exist_ok=True)
       results_path.write_text(json.dumps(results, indent=1, default=float))

@@ -112,10 +112,10 @@ def kernel_times(log: str) -> list[Kernel]:
   return out
 
 
-def libtpu_kernels(log: str) -> dict:
-  """Backend seconds per kernel kind (``kernel_kind``) from libtpu's log (``kernel_times``).
+def by_kind(kernels: list[Kernel]) -> dict:
+  """Backend seconds per kernel kind (``kernel_kind``) of ``kernel_times``' kernels.
   Returns {kind: {"seconds", "kernels", "bundles"}}, largest first."""
-  return add_up(kernel_times(log), lambda k: kernel_kind(k.name))
+  return add_up(kernels, lambda k: kernel_kind(k.name))
 
 
 def kernel_summary(kinds: dict, top: int) -> str:
@@ -194,7 +194,7 @@ def _kernel_splits(log: str, hlo: str, source_depth: int, inside: str) -> dict:
   """The backend's kernels by kind and, with ``source_depth``, by their ``source_depth``
   innermost frames under ``inside`` (``compile_sources.by_source``)."""
   kernels = kernel_times(log)
-  out = {"kernels": add_up(kernels, lambda k: kernel_kind(k.name))}
+  out = {"kernels": by_kind(kernels)}
   if source_depth and kernels:
     out["sources"] = by_source(kernels, hlo, inside, source_depth)
   return out

@@ -46,14 +46,14 @@ I1128 15:14:12.791584   7 deepsea_compiler_backend.cc:2846] post-bundle-packing 
 
 
 def test_backend_kernels_are_timed_per_thread_and_added_up_by_kind():
-  kinds = compile_time.libtpu_kernels(KERNEL_LOG)
+  kinds = compile_time.by_kind(compile_time.kernel_times(KERNEL_LOG))
   assert list(kinds) == ["all-reduce", "fusion"]  # Largest first; the program itself left out.
   assert kinds["all-reduce"]["seconds"] == pytest.approx(1.5 + 1.5)  # Interleaved threads.
   assert kinds["all-reduce"]["kernels"] == 2 and kinds["all-reduce"]["bundles"] == 32000
   assert kinds["fusion"] == pytest.approx({"seconds": 0.1, "kernels": 1, "bundles": 121})
   line = compile_time.kernel_summary(kinds, 1)
   assert line.startswith("backend kernels: 3.1 thread-s, collectives 97 %; all-reduce 3.0 s")
-  assert "fusion" not in line and compile_time.libtpu_kernels(LOG) == {}
+  assert "fusion" not in line and compile_time.by_kind(compile_time.kernel_times(LOG)) == {}
 
 
 def _project(x, w):

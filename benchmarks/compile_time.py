@@ -22,14 +22,15 @@ layer body once) compare variants of a config without the accelerator, e.g.
 ``--config.model.ops=xla`` against ``reference``. ``--eval`` does the same for the eval step,
 which a run compiles at its first evaluation (and ``--compile_only`` after the train step). The
 persistent compilation cache is off here: every number is a cold compile. ``--baseline`` also
-compiles a plain scanned decoder of each DecLLM config's shapes (``compile_baseline.py``).
+compiles a plain scanned step of each config's shapes (``compile_baseline.py``: a decoder for
+DecLLM, an encoder-decoder for RedLLM).
 ``--kernels N`` (a TPU slice) also splits the backend by kernel: libtpu compiles each kernel of
 the program (a fusion, a collective, a sort) on a thread of its own and logs when it starts and
 ends, so each kernel's seconds on its thread add up by kind (collectives, fusions by their
 leading ops, sorts, ...): the N largest kinds follow each row. ``--by_source N`` (a TPU slice)
 adds those seconds up by the model source each kernel came from: its phase (``bwd`` when
 its op is a ``transpose(...)``, else ``fwd``) and its ``--by_source_depth`` (3) innermost frames
-in ``t5like/`` (``function@models/file.py:line``, innermost first; the plain decoder's in
+in ``t5like/`` (``function@models/file.py:line``, innermost first; the plain step's in
 ``compile_baseline.py``), read from the compiled program's op metadata and stack frames
 (``compile_sources.py``); a kernel without such a frame goes by its op (``all-reduce``). One
 compile at a time in this process; on a host shared with other work the times are upper bounds.
@@ -224,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--lower_only", action="store_true",
                       help="trace and lower only (no XLA compile): the StableHLO op counts")
   parser.add_argument("--baseline", action="store_true",
-                      help="also a plain scanned decoder step at each DecLLM config's shapes "
-                           "(benchmarks/compile_baseline.py), compiled in the same run")
+                      help="also a plain scanned step at each config's shapes (a decoder, an "
+                           "encoder-decoder: benchmarks/compile_baseline.py), in the same run")
   parser.add_argument("--kernels", type=int, default=0, metavar="N",
                       help="with --topology: the backend's N largest kernel kinds per row "
                            "(thread-seconds from libtpu's per-kernel log)")
@@ -286,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
       if args.ops:
         print(f"|   | most frequent | | | | | | | {r['top_before']} | {r['top_after']} |",
               flush=True)
-    if args.baseline and cfg.model.family == "decllm" and not args.lower_only:
+    if args.baseline and not args.lower_only:
       r = _baseline(cfg, devices, args.by_source_depth if args.by_source else 0)
-      print(_row(f"{name}: plain decoder", "train", r), flush=True)
+      plain = "plain decoder" if cfg.model.family == "decllm" else "plain encoder-decoder"
+      print(_row(f"{name}: {plain}", "train", r), flush=True)
       _print_kernels(r, args)
   return 0
 

@@ -1,5 +1,6 @@
-"""benchmarks/compile_time.py: libtpu's compile log read into stages, and (``make test-aot``) the
-benchmark compiling a tiny config and its plain-decoder baseline for a TPU slice."""
+"""benchmarks/compile_time.py: libtpu's compile log read into stages, the plain steps of
+``--baseline`` training on CPU, and (``make test-aot``) the benchmark compiling a tiny config and
+its plain-decoder baseline for a TPU slice."""
 from __future__ import annotations
 
 import collections
@@ -12,7 +13,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from benchmarks import compile_sources, compile_time
+import numpy as np
+import optax
+
+from benchmarks import compile_baseline, compile_sources, compile_time
 from train_helpers import REPO, subprocess_env
 
 LOG = """\
@@ -147,6 +151,45 @@ def test_a_refused_compile_is_one_row_with_the_memory_hint_only_for_memory(
   row = capsys.readouterr().out.strip().splitlines()[-1]
   assert row.startswith("| tiny_decllm | train | does not compile: " + message[:20])
   assert ("microbatches=N" in row) == hint
+
+
+@pytest.mark.parametrize("family", ["decllm", "redllm"])
+def test_plain_step_is_a_train_step_of_the_configs_shapes(family):
+  """The floor ``--baseline`` compiles is a working train step of the config's family and
+  shapes: the batch is the config's (tokens, or inputs and targets), the loss falls on a fixed
+  batch, and every weight learns (RedLLM's encoder through the cross-attention)."""
+  from t5like.config import load_config
+  cfg = load_config(os.path.join(REPO, "configs", f"tiny_{family}.py"), [])
+  r = compile_baseline.measure(cfg, jax.devices()[:1])
+  params_in, _, batch_in = r["lowered"].args_info[0]
+  lengths = ((cfg.data.inputs_length, cfg.data.targets_length) if family == "redllm"
+             else (cfg.data.sequence_length,))
+  assert [b.shape for b in batch_in] == [(cfg.train.batch_size, n) for n in lengths]
+  assert ("encoder" in params_in) == (family == "redllm")
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map_with_path(  # RMSNorm gains 1, weights N(0, 0.02).
+      lambda path, a: jnp.ones(a.shape) if "norm" in jax.tree_util.keystr(path)
+      else jnp.asarray(rng.normal(0, 0.02, a.shape), jnp.float32), params_in)
+  first = jax.tree.map(np.asarray, params)
+  opt = optax.adafactor(1e-3).init(params)
+  batch = tuple(jnp.asarray(rng.integers(0, cfg.model.vocab_size, b.shape), jnp.int32)
+                for b in batch_in)
+  losses = []
+  for _ in range(5):
+    params, opt, loss = r["compiled"](params, opt, batch)
+    losses.append(float(loss))
+  assert losses[-1] < losses[0], losses
+  moved = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != b)), params, first)
+  assert all(jax.tree.leaves(moved)), moved
+
+
+def test_baseline_rows_name_each_familys_plain_step(capsys):
+  paths = [os.path.join(REPO, "configs", f"tiny_{f}.py") for f in ("decllm", "redllm")]
+  assert compile_time.main(["--baseline", *paths]) == 0
+  rows = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines()
+          if line.startswith("| tiny")]
+  assert rows == ["tiny_decllm", "tiny_decllm: plain decoder", "tiny_redllm",
+                  "tiny_redllm: plain encoder-decoder"]
 
 
 @pytest.mark.aot

@@ -145,21 +145,8 @@ def make_train_step(setup: TrainSetup) -> MeshFunction:
         consecutive_skipped=jnp.where(finite, 0, state.consecutive_skipped + 1),
         model_state=keep(moe_balance.updated_biases(
             state.model_state, stats, cfg.model.moe.bias_update_rate), state.model_state))
-    weight = jnp.maximum(terms.weight, 1.0)
-    metrics = {
-        "loss": terms.loss / weight,
-        "cross_entropy": terms.cross_entropy / weight,
-        "z_loss": terms.z_loss / weight,
-        "accuracy": terms.correct / weight,
-        "target_tokens": terms.weight,
-        "grad_norm": grad_norm,
-        "learning_rate": lr,
-        "finite": finite.astype(jnp.float32),
-        "skipped_steps": new_state.skipped_steps.astype(jnp.float32),
-        "consecutive_skipped": new_state.consecutive_skipped.astype(jnp.float32),
-        **moe_balance.layer_metrics(stats, new_state.model_state, moe_names, num_micro,
-                                    cfg.model.moe.capacity_factor > 0),
-    }
+    metrics = _step_metrics(terms, grad_norm, lr, finite, new_state, stats, moe_names,
+                            num_micro, cfg.model.moe.capacity_factor > 0)
     return new_state, metrics
 
   fn = jax.jit(step_fn,
@@ -168,6 +155,26 @@ def make_train_step(setup: TrainSetup) -> MeshFunction:
                donate_argnums=(0,),
                compiler_options=partitioning.compiler_options(setup.cfg.mesh, setup.mesh))
   return MeshFunction(fn, setup.mesh)
+
+
+def _step_metrics(terms: LossTerms, grad_norm, lr, finite, new_state: TrainState, stats: dict,
+                  moe_names: dict, num_micro: int, capacity: bool) -> dict:
+  """The train step's logged scalars: per-token loss terms, the update's, the skip counters and
+  (MoE) each layer's load statistics."""
+  weight = jnp.maximum(terms.weight, 1.0)
+  return {
+      "loss": terms.loss / weight,
+      "cross_entropy": terms.cross_entropy / weight,
+      "z_loss": terms.z_loss / weight,
+      "accuracy": terms.correct / weight,
+      "target_tokens": terms.weight,
+      "grad_norm": grad_norm,
+      "learning_rate": lr,
+      "finite": finite.astype(jnp.float32),
+      "skipped_steps": new_state.skipped_steps.astype(jnp.float32),
+      "consecutive_skipped": new_state.consecutive_skipped.astype(jnp.float32),
+      **moe_balance.layer_metrics(stats, new_state.model_state, moe_names, num_micro, capacity),
+  }
 
 
 class EvalStep(MeshFunction):

@@ -172,7 +172,7 @@ def measure(cfg, devices, which: str = "train", compile_: bool = True,
     args = (setup.abstract_state.params, aot.abstract_batch(
         cfg, setup.batch_sharding, cfg.train.eval_batch_size or cfg.train.batch_size))
   t0, c0 = time.perf_counter(), time.process_time()
-  with jax.set_mesh(mesh), partitioning.axis_rules():
+  with jax.set_mesh(mesh), partitioning.axis_rules(mesh):
     traced = fn.fn.trace(*args)
     t1 = time.perf_counter()
     lowered = traced.lower()

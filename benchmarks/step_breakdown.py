@@ -65,12 +65,12 @@ def breakdown(name: str, dtype: str, reps: int) -> list[tuple[str, float]]:
   def loss(params, b):
     return step_lib._loss_terms(setup, params, b, None, cfg.train.z_loss).loss
   grad = jax.jit(jax.grad(loss))
-  with jax.set_mesh(mesh), partitioning.axis_rules():
+  with jax.set_mesh(mesh), partitioning.axis_rules(mesh):
     loss_grad = _time(grad, state.params, batch, reps=reps)
   rows = _attention_pieces(cfg.model, batch, reps) + _other_pieces(cfg, batch, reps)
   rows.append(("rest of loss-and-gradient (adds, scan, layout)",
                max(0.0, loss_grad - sum(v for _, v in rows))))
-  with jax.set_mesh(mesh), partitioning.axis_rules():
+  with jax.set_mesh(mesh), partitioning.axis_rules(mesh):
     rows.append(("optimizer update, clipping, guards (own jit)",
                  _optimizer_update(setup, state, grad(state.params, batch), reps)))
   rows.append(("whole train step", whole))

@@ -235,7 +235,7 @@ def main() -> None:
   state = state_lib.init_state(setup)
   batch = global_batch(next(SyntheticData(cfg).train(cfg.train.batch_size, 0, 1)),
                        setup.batch_sharding, cfg.train.batch_size)
-  with jax.set_mesh(mesh), partitioning.axis_rules():
+  with jax.set_mesh(mesh), partitioning.axis_rules(mesh):
     step = step_lib.make_train_step(setup).lower(state, batch).compile()
   hlo = step.as_text()
   kernels = hlo_kernels(hlo)

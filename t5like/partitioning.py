@@ -14,6 +14,8 @@ vocab      tensor               embedding rows / logits split for tensor paralle
 kv, length, layers  replicated  head_dim, sequence and the scanned layer axis stay whole
 expert     expert               MoE experts (routed-expert weights, router columns, the bias);
                                 the capacity path exchanges tokens over it (models/moe_dispatch)
+lookup     replicated           the embedding table's ``embed`` axis where tokens are looked up,
+                                gathered: a rule on TPU chips without SparseCores only (below)
 =========  ===================  ==============================================================
 
 A mesh axis is used at most once per array: on activations ``batch`` takes ``fsdp`` first, so
@@ -26,6 +28,14 @@ reduce-scatter over a whole v5p slice (one 64-chip ``fsdp`` axis of a v5p-128) i
 all-reduce of a zero-padded full-size buffer on the TensorCore, a kernel whose code grows with
 the weight and is compiled once per weight shape: on v5p-128 those kernels were 36-45 % of the
 8B configs' compile (docs/compile.md).
+
+Looking tokens up in a table sharded over ``embed``, XLA moves the looked-up rows to their batch
+shards with an all-to-all. libtpu computes each all-to-all's ICI routing at compile time, alone
+on one thread: on a v5e-256 (no SparseCores) 6-12 s per lookup and its gradient, 30-37 % of the
+paper configs' compile. There the table is gathered at the lookup instead (``lookup`` replicated:
+FSDP's gather-at-use, as for every other weight), and each device looks up its own rows: v5e-256
+compiles 34-37 % shorter for 0.2-0.3 GiB more temporaries. On v5p the all-to-all goes to the
+SparseCores, and the gathered table cost 5 GiB more temporaries for no shorter compile.
 """
 from __future__ import annotations
 
@@ -119,9 +129,19 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
   return Mesh(grid, MESH_AXES)
 
 
-def axis_rules():
-  """Context manager activating the rule table for params and activation constraints."""
-  return nnx.logical_axis_rules(LOGICAL_RULES)
+def rules(mesh: Mesh | None = None) -> tuple:
+  """The rule table for ``mesh``'s chips: with ``lookup`` (replicated) on TPUs without
+  SparseCores; elsewhere the lookup's table is left unconstrained (XLA's layout)."""
+  device = None if mesh is None else mesh.devices.flat[0]
+  gather = device is not None and device.platform == "tpu" and (
+      device.device_kind not in SPARSECORE_CHIPS)
+  return LOGICAL_RULES + ((("lookup", None),) if gather else ())
+
+
+def axis_rules(mesh: Mesh | None = None):
+  """Context manager activating the rule table (``rules(mesh)``) for params and activation
+  constraints; every step on a mesh is traced under it."""
+  return nnx.logical_axis_rules(rules(mesh))
 
 
 def logical_to_spec(axes: Sequence[str | None]) -> PartitionSpec:

@@ -210,7 +210,7 @@ class Generator:
 
 @contextlib.contextmanager
 def _mesh_context(mesh: Mesh):
-  with jax.set_mesh(mesh), partitioning.axis_rules():
+  with jax.set_mesh(mesh), partitioning.axis_rules(mesh):
     yield
 
 

@@ -9,7 +9,7 @@ from flax import nnx
 
 from t5like import ops as ops_lib
 from t5like.config.model import ModelConfig
-from t5like.models.layers import constrain, dtype, fan_in_init, param
+from t5like.models.layers import constrain, dtype, fan_in_init, param, ruled
 
 
 class TiedEmbedding(nnx.Module):
@@ -27,8 +27,11 @@ class TiedEmbedding(nnx.Module):
                           ("vocab", "embed"), cfg.param_dtype, cast_to_compute=True)
 
   def embed(self, tokens_bt: jax.Array) -> jax.Array:
-    x_btd = jnp.take(self.table[...], tokens_bt, axis=0).astype(dtype(self.cfg.dtype))
-    return constrain(x_btd, ("batch", "length", "embed"))
+    dt = dtype(self.cfg.dtype)
+    table = self.table[...]
+    if ruled("lookup"):  # The chips ask for the table gathered to each device (partitioning.py),
+      table = constrain(table.astype(dt), ("vocab", "lookup"))  # in the compute dtype.
+    return constrain(jnp.take(table, tokens_bt, axis=0).astype(dt), ("batch", "length", "embed"))
 
   def logits(self, x_btd: jax.Array) -> jax.Array:
     """[..., vocab] float32 logits: btd,vd->btv."""

@@ -37,6 +37,12 @@ def constrain(x: jax.Array, axes: Axes) -> jax.Array:
   return nn.with_logical_constraint(x, axes)
 
 
+def ruled(axis: str) -> bool:
+  """Whether the active rule table maps logical ``axis`` (some are there only for some chips,
+  t5like/partitioning.py)."""
+  return any(name == axis for name, _ in nn.get_logical_axis_rules())
+
+
 def fan_in_init(fan_in: int) -> Callable:
   """Normal init with std 1/sqrt(fan_in), the T5X/MaxText default for dense kernels."""
   return nnx.initializers.normal(stddev=fan_in ** -0.5)

@@ -158,7 +158,7 @@ def log_memory_layout(setup: TrainSetup) -> dict[str, int]:
 def init_state(setup: TrainSetup) -> TrainState:
   """Random initial state, created shard by shard on the devices (jit with out_shardings)."""
   init = jax.jit(_init_fn(setup.cfg, setup.tx, setup.mesh), out_shardings=setup.state_shardings)
-  with jax.set_mesh(setup.mesh), partitioning.axis_rules():
+  with jax.set_mesh(setup.mesh), partitioning.axis_rules(setup.mesh):
     return init()
 
 

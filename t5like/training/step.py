@@ -40,11 +40,11 @@ class MeshFunction:
     self.mesh = mesh
 
   def __call__(self, *args):
-    with jax.set_mesh(self.mesh), partitioning.axis_rules():
+    with jax.set_mesh(self.mesh), partitioning.axis_rules(self.mesh):
       return self.fn(*args)
 
   def lower(self, *args):
-    with jax.set_mesh(self.mesh), partitioning.axis_rules():
+    with jax.set_mesh(self.mesh), partitioning.axis_rules(self.mesh):
       return self.fn.lower(*args)
 
 

@@ -131,6 +131,67 @@ def test_collectives_go_to_the_sparsecores_only_on_chips_that_have_them():
   assert partitioning.compiler_options(on, partitioning.make_mesh(on)) == {}  # This host's.
 
 
+def test_lookup_tables_are_gathered_only_on_tpus_without_sparsecores():
+  """``partitioning.rules``: the ``lookup`` rule (the embedding table gathered where tokens are
+  looked up) for v5e meshes only; the model applies it when the rule is there, and only then."""
+  import types
+  import numpy as np
+  from flax import nnx
+  from t5like import partitioning
+  from t5like.models import build_model
+
+  def mesh_of(platform, kind):
+    device = types.SimpleNamespace(platform=platform, device_kind=kind)
+    return types.SimpleNamespace(devices=np.array([device, device], dtype=object))
+
+  def has_lookup(mesh):
+    return "lookup" in dict(partitioning.rules(mesh))
+
+  assert has_lookup(mesh_of("tpu", "TPU v5 lite"))
+  assert not any(has_lookup(mesh_of("tpu", kind))
+                 for kind in ("TPU v4", "TPU v5", "TPU v6 lite", "TPU7x"))
+  assert not has_lookup(mesh_of("gpu", "NVIDIA H100")) and not has_lookup(None)
+
+  cfg = tiny_config("decllm")
+  model = build_model(cfg.model, nnx.Rngs(0))
+  tokens = jax.numpy.zeros((2, 8), jax.numpy.int32)
+  mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
+
+  def constraints(rules):
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+      text = str(jax.make_jaxpr(model.embedding.embed)(tokens))
+    return text.count("sharding_constraint")
+
+  with_lookup = partitioning.LOGICAL_RULES + (("lookup", None),)
+  assert constraints(with_lookup) == constraints(partitioning.LOGICAL_RULES) + 1
+
+
+@pytest.mark.aot
+def test_v5e_looks_tokens_up_without_an_all_to_all():
+  """On a v5e-256 (no SparseCores) the train step gathers the embedding table for the lookup
+  instead of moving the looked-up rows by all-to-alls, whose ICI routing libtpu computes alone on
+  one thread for seconds each (docs/compile.md); without the ``lookup`` rule, the all-to-alls."""
+  from t5like import partitioning
+  from t5like.config import load_config
+  from t5like.tools.tpu_table import PLACEHOLDERS
+  from t5like.training import state as state_lib
+  from t5like.training import step as step_lib
+
+  cfg = load_config(os.path.join(REPO, "configs", "decllm_150m.py"),
+                    PLACEHOLDERS + ["model.remat_policy=dots_no_batch"])
+  mesh = partitioning.make_mesh(cfg.mesh, aot.topology_devices("v5e-256")[1])
+  setup = state_lib.build_setup(cfg, mesh)
+  batch = aot.abstract_batch(cfg, setup.batch_sharding, cfg.train.batch_size)
+
+  def all_to_alls(rules_mesh):  # A fresh jit each: its trace cache does not see the rules.
+    step = step_lib.make_train_step(setup).fn
+    with jax.set_mesh(mesh), partitioning.axis_rules(rules_mesh):
+      return step.lower(setup.abstract_state, batch).compile().as_text().count("all-to-all(")
+
+  assert all_to_alls(mesh) == 0
+  assert all_to_alls(None) > 0
+
+
 @pytest.mark.aot
 def test_v5p_train_step_runs_its_collectives_on_the_sparsecores():
   """The compiled train step of a v5p slice hands its collectives to the SparseCores (libtpu

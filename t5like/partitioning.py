@@ -31,11 +31,12 @@ the weight and is compiled once per weight shape: on v5p-128 those kernels were 
 
 Looking tokens up in a table sharded over ``embed``, XLA moves the looked-up rows to their batch
 shards with an all-to-all. libtpu computes each all-to-all's ICI routing at compile time, alone
-on one thread: on a v5e-256 (no SparseCores) 6-12 s per lookup and its gradient, 30-37 % of the
-paper configs' compile. There the table is gathered at the lookup instead (``lookup`` replicated:
-FSDP's gather-at-use, as for every other weight), and each device looks up its own rows: v5e-256
-compiles 34-37 % shorter for 0.2-0.3 GiB more temporaries. On v5p the all-to-all goes to the
-SparseCores, and the gathered table cost 5 GiB more temporaries for no shorter compile.
+on one thread: on a v5e-256 (no SparseCores) 6-12 s per lookup and its gradient, a quarter to a
+third of the paper configs' compile. There the table is gathered at the lookup instead
+(``lookup`` replicated: FSDP's gather-at-use, as for every other weight), and each device looks
+up its own rows: v5e-256 compiles 30-48 % shorter for 0.2-0.5 GiB more temporaries. On v5p the
+all-to-all goes to the SparseCores, and the gathered table cost 5 GiB more temporaries for no
+shorter compile.
 """
 from __future__ import annotations
 

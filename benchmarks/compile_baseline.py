@@ -24,14 +24,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from t5like import partitioning
 
 
-def _f32(*shape: int) -> jax.ShapeDtypeStruct:
+def f32(*shape: int) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(shape, jnp.float32)
 
 
 def _stack(m, layers: int, cross: bool) -> dict:
   """``layers`` stacked layers' weights; with ``cross``, a cross-attention's too."""
   L, D, H, K, F = layers, m.d_model, m.num_heads, m.head_dim, m.d_ff
-  f32 = _f32
 
   def attn(pre: str) -> dict:
     return {pre + n: f32(L, D, H, K) for n in "qkv"} | {pre + "o": f32(L, H, K, D)}
@@ -42,7 +41,6 @@ def _stack(m, layers: int, cross: bool) -> dict:
 
 
 def _params(m) -> dict:
-  f32 = _f32
   out = {"embed": f32(m.vocab_size, m.d_model), "final_norm": f32(m.d_model)}
   if m.family == "redllm":
     return out | {"encoder": _stack(m, m.num_encoder_layers, False),

@@ -109,11 +109,15 @@ SPARSECORE_COLLECTIVES: dict[str, bool] = {
 SPARSECORE_CHIPS = ("TPU v4", "TPU v5", "TPU v6 lite", "TPU7x")
 
 
+def _sparsecores(mesh: Mesh) -> bool | None:
+  """Whether ``mesh``'s TPU chips have SparseCores; None for other platforms."""
+  device = mesh.devices.flat[0]
+  return device.device_kind in SPARSECORE_CHIPS if device.platform == "tpu" else None
+
+
 def compiler_options(cfg: MeshConfig, mesh: Mesh) -> dict[str, bool]:
   """XLA options for the steps compiled on ``mesh`` (``jax.jit(compiler_options=)``)."""
-  device = mesh.devices.flat[0]
-  if (cfg.sparsecore_collectives and device.platform == "tpu"
-      and device.device_kind in SPARSECORE_CHIPS):
+  if cfg.sparsecore_collectives and _sparsecores(mesh):
     return dict(SPARSECORE_COLLECTIVES)
   return {}
 
@@ -133,9 +137,7 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
 def rules(mesh: Mesh | None = None) -> tuple:
   """The rule table for ``mesh``'s chips: with ``lookup`` (replicated) on TPUs without
   SparseCores; elsewhere the lookup's table is left unconstrained (XLA's layout)."""
-  device = None if mesh is None else mesh.devices.flat[0]
-  gather = device is not None and device.platform == "tpu" and (
-      device.device_kind not in SPARSECORE_CHIPS)
+  gather = mesh is not None and _sparsecores(mesh) is False
   return LOGICAL_RULES + ((("lookup", None),) if gather else ())
 
 

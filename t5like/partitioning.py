@@ -7,19 +7,26 @@ this module decides where they live on the ``(data, expert, fsdp, tensor)`` mesh
 logical    mesh axes            why
 =========  ===================  ==============================================================
 batch      (data, expert, fsdp)  every data-parallel replica, expert and FSDP shard reads its rows
-embed      fsdp                 parameters (and their optimizer state) sharded over FSDP
+expert     expert               MoE experts (routed-expert weights, router columns, the bias);
+                                the capacity path exchanges tokens over it (models/moe_dispatch)
+embed      (expert, fsdp)       parameters (and their optimizer state) sharded over FSDP and, on
+                                an expert-parallel mesh, over ``expert`` too; an expert's own
+           fsdp                 weights, whose ``expert`` axis already took that mesh axis, fall
+                                back to the next row
 heads      tensor               attention heads split for tensor parallelism
 mlp        tensor               SwiGLU hidden units split for tensor parallelism
 vocab      tensor               embedding rows / logits split for tensor parallelism
 kv, length, layers  replicated  head_dim, sequence and the scanned layer axis stay whole
-expert     expert               MoE experts (routed-expert weights, router columns, the bias);
-                                the capacity path exchanges tokens over it (models/moe_dispatch)
 lookup     replicated           the embedding table's ``embed`` axis where tokens are looked up,
                                 gathered: a rule on TPU chips without SparseCores only (below)
 =========  ===================  ==============================================================
 
-A mesh axis is used at most once per array: on activations ``batch`` takes ``fsdp`` first, so
-``embed`` is then left unsharded (flax's logical-to-mesh resolution skips taken axes).
+A mesh axis is used at most once per array, and the rows are tried in order (flax's
+logical-to-mesh resolution skips a row whose mesh axes are taken): on activations ``batch`` takes
+``expert`` and ``fsdp`` first, so ``embed`` is then left unsharded. Dense weights on an
+expert-parallel mesh are FSDP-sharded over all of ``(expert, fsdp)`` (as MaxText's ``embed``
+rule), not replicated across ``expert``: on v5p-128 at ``expert=8 x fsdp=8`` that compiled the
+MoE configs 6-19 % shorter, with up to 6 GiB fewer temporaries a chip for the 8B ones.
 
 On TPU chips with SparseCores, ``compiler_options`` has the steps' collectives and large sorts
 run on them (``mesh.sparsecore_collectives``, on by default): the TensorCores only compute, and
@@ -58,6 +65,8 @@ MESH_AXES = ("data", "expert", "fsdp", "tensor")
 
 LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", ("data", "expert", "fsdp")),
+    ("expert", "expert"),
+    ("embed", ("expert", "fsdp")),
     ("embed", "fsdp"),
     ("heads", "tensor"),
     ("mlp", "tensor"),
@@ -65,7 +74,6 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv", None),
     ("length", None),
     ("layers", None),
-    ("expert", "expert"),
 )
 
 

@@ -3,7 +3,8 @@
 - the expert-parallel dispatch (all_to_all inside shard_map) equals the one-device dispatch run on
   each batch shard's rows, and its dropped pairs equal a direct count per shard;
 - with room for every pair, a DecLLM and a RedLLM with MoE layers give the same logits, loads and
-  train step (gradients through the updated parameters, biases through the loads) as on 1 device.
+  train step (gradients through the updated parameters, biases through the loads) as on 1 device;
+- there, dense weights are FSDP-sharded over all 8 devices, the routed experts 2 a device.
 """
 from __future__ import annotations
 
@@ -64,6 +65,11 @@ def run(cfg, mesh, state=None):
   with jax.set_mesh(mesh), partitioning.axis_rules():
     logits, loads = jax.jit(forward)(state.params, state.model_state, batch)
   new_state, metrics = step_lib.make_train_step(setup)(state, batch)
+  for path, x in jax.tree_util.tree_flatten_with_path(new_state.params)[0]:
+    name = jax.tree_util.keystr(path)
+    if mesh is mesh8 and name.endswith(("['attention']['wq']", "['experts']['wi_gate']")):
+      out[f"shard_{cfg.model.family}_{name.split('[')[-1][1:-2]}"] = np.array(
+          [x.shape, x.sharding.shard_shape(x.shape)])
   return start, jax.device_get((logits, loads, new_state.params, new_state.model_state,
                                 metrics["loss"]))
 
@@ -106,6 +112,16 @@ def test_expert_parallel_dispatch_equals_per_shard_dispatch_and_direct_drop_coun
     dropped = int(np.sum(valid[s:s + 2][..., None] & ~kept[s:s + 2]))
     assert dropped == sum(max(0, c - cap) for c in counts)
   assert np.sum(valid[..., None] & ~kept) > 0  # The capacity binds somewhere.
+
+
+@pytest.mark.parametrize("family", ["decllm", "redllm"])
+def test_dense_weights_use_every_device_for_fsdp_the_experts_their_expert_shard(results, family):
+  # [layers, embed, heads, kv]: embed over (expert, fsdp) = 8 devices, not replicated over expert.
+  full, shard = results[f"shard_{family}_wq"]
+  assert shard[1] * 8 == full[1] and list(shard[2:]) == list(full[2:])
+  # [layers, expert, embed, mlp]: 2 of the 8 experts a device, embed over fsdp (2).
+  full, shard = results[f"shard_{family}_wi_gate"]
+  assert (shard[1] * 4, shard[2] * 2, shard[3]) == (full[1], full[2], full[3])
 
 
 @pytest.mark.parametrize("family", ["decllm", "redllm"])

@@ -135,18 +135,20 @@ def test_state_is_sharded_as_the_rule_table_says(report):
     matches = [v for k, v in specs.items() if k.endswith(suffix)]
     assert len(matches) == 1, (suffix, [k for k in specs if k.endswith(suffix)])
     return matches[0]
-  # Parameters: vocab/heads/mlp -> tensor, embed -> fsdp, layers/kv replicated.
-  assert spec(".params['embedding']['table']") == "('tensor', 'fsdp')"
-  assert spec(".params['decoder']['layers']['mlp']['wi_gate']") == "(None, 'fsdp', 'tensor')"
-  assert spec(".params['decoder']['layers']['mlp']['wo']") == "(None, 'tensor', 'fsdp')"
+  # Parameters: vocab/heads/mlp -> tensor, embed -> (expert, fsdp) (expert is 1 here),
+  # layers/kv replicated.
+  ef = "('expert', 'fsdp')"
+  assert spec(".params['embedding']['table']") == f"('tensor', {ef})"
+  assert spec(".params['decoder']['layers']['mlp']['wi_gate']") == f"(None, {ef}, 'tensor')"
+  assert spec(".params['decoder']['layers']['mlp']['wo']") == f"(None, 'tensor', {ef})"
   assert spec(".params['encoder']['layers']['attention']['wq']") == (
-      "(None, 'fsdp', 'tensor', None)")
+      f"(None, {ef}, 'tensor', None)")
   assert spec(".params['decoder']['layers']['cross_attention']['wo']") == (
-      "(None, 'tensor', None, 'fsdp')")
+      f"(None, 'tensor', None, {ef})")
   # Adafactor statistics of the [vocab=128, embed=32] table: v_row drops vocab, v_col embed.
-  assert spec(".v_row['embedding']['table']") == "('fsdp',)"
+  assert spec(".v_row['embedding']['table']") == f"({ef},)"
   assert spec(".v_col['embedding']['table']") == "('tensor',)"
-  assert spec(".v_row['decoder']['layers']['mlp']['wi_gate']") == "(None, 'fsdp')"
+  assert spec(".v_row['decoder']['layers']['mlp']['wi_gate']") == f"(None, {ef})"
   assert spec(".step") == "()"
   # The arrays really are split: each device holds 1/4 of the table.
   full, local = shapes[".params['embedding']['table']"]

@@ -157,15 +157,15 @@ def test_adafactor_scaling_compiles_without_power():
 
 
 def test_fitted_spec_replicates_what_the_mesh_does_not_divide():
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp",
-                                                                           "tensor"))
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1, 1),
+                           partitioning.MESH_AXES)
   spec = partitioning.fitted_spec(("layers", "embed", "mlp"), (3, 64, 128), mesh)
-  assert spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+  assert spec == jax.sharding.PartitionSpec(None, ("expert", "fsdp"), "tensor")
 
   class FakeMesh:
-    shape = {"data": 1, "fsdp": 2, "tensor": 4}
+    shape = {"data": 1, "expert": 1, "fsdp": 2, "tensor": 4}
   spec = partitioning.fitted_spec(("layers", "embed", "heads", "kv"), (3, 64, 6, 16), FakeMesh)
-  assert spec == jax.sharding.PartitionSpec(None, "fsdp", None, None)
+  assert spec == jax.sharding.PartitionSpec(None, ("expert", "fsdp"), None, None)
 
 
 def test_flops_follow_paper_convention():

@@ -37,7 +37,8 @@ from t5like.training import aot
 PRETRAIN = [f"{f}_{s}" for s in ("150m", "1b", "2b", "4b", "8b") for f in ("decllm", "redllm")]
 FINETUNE = [f"{f}_{s}_flan" for s in ("150m", "1b", "2b", "4b", "8b")
             for f in ("decllm", "decllm_prefix", "redllm")]
-MOE = [f"{f}_{s}_moe" for s in ("1b", "8b") for f in ("decllm", "redllm")]
+MOE = ([f"{f}_{s}_moe" for s in ("1b", "8b") for f in ("decllm", "redllm")]
+       + [f"{f}_1b_moe_flan" for f in ("decllm", "redllm")])
 # A mixture-of-experts config is compiled expert-parallel (docs/moe.md): its 8 expert groups one
 # per shard of an 8-way `expert` axis, on the capacity path (the dispatch that runs sharded).
 EXPERT_PARALLEL = ["mesh.expert=8", "model.moe.capacity_factor=1.25"]
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--topologies", nargs="+", default=["v5p-128", "v5e-256"])
   ap.add_argument("--configs", nargs="+", default=PRETRAIN + FINETUNE + MOE,
                   help="names under configs/ (default: the ten pretraining, fifteen "
-                       "instruction-tuning and four mixture-of-experts paper configs; an MoE "
+                       "instruction-tuning and six mixture-of-experts paper configs; an MoE "
                        "config is compiled with " + " ".join(EXPERT_PARALLEL) + ")")
   ap.add_argument("--splash_configs", nargs="*", default=[],
                   help="configs also compiled with model.attention_impl=splash at the chosen "

@@ -26,7 +26,7 @@ logical-to-mesh resolution skips a row whose mesh axes are taken): on activation
 ``expert`` and ``fsdp`` first, so ``embed`` is then left unsharded. Dense weights on an
 expert-parallel mesh are FSDP-sharded over all of ``(expert, fsdp)`` (as MaxText's ``embed``
 rule), not replicated across ``expert``: on v5p-128 at ``expert=8 x fsdp=8`` that compiled the
-MoE configs 6-19 % shorter, with up to 6 GiB fewer temporaries a chip for the 8B ones.
+MoE configs 6-19 % shorter, with 5.6-6.4 GiB fewer temporaries a chip for the 8B ones.
 
 On TPU chips with SparseCores, ``compiler_options`` has the steps' collectives and large sorts
 run on them (``mesh.sparsecore_collectives``, on by default): the TensorCores only compute, and

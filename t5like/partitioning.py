@@ -1,8 +1,7 @@
 """Device mesh and the one rule table that maps logical axis names to mesh axes.
 
 Model code names only logical axes (``batch, length, embed, heads, kv, mlp, vocab, layers,
-expert``);
-this module decides where they live on the ``(data, expert, fsdp, tensor)`` mesh:
+expert``); this module decides where they live on the ``(data, expert, fsdp, tensor)`` mesh:
 
 =========  ===================  ==============================================================
 logical    mesh axes            why

@@ -283,17 +283,24 @@ def device_memory_limit(device) -> float:
   return 0.0
 
 
+def _size(match: re.Match) -> int:
+  """Bytes of a libtpu size ("103.36" and "G" as a match's two groups)."""
+  return int(float(match.group(1)) * 1024 ** ("KMGT".index(match.group(2)) + 1))
+
+
 def _refused(error: Exception, cfg: Config, setup: state_lib.TrainSetup) -> dict[str, int]:
-  """Memory of a step the compiler refused for lack of HBM, from its message ("the total memory
-  required for HLO temporaries (103.36G) exceeds available HBM (95.74G)")."""
+  """Memory of a step the compiler refused for lack of HBM, from either of libtpu's messages:
+  "the total memory required for HLO temporaries (103.36G) exceeds available HBM (95.74G)", or
+  "CompileTimeHbmOom: ... Used 16.13G of 15.75G hbm" (the whole program's use)."""
   msg = str(error)
-  m = re.search(r"temporaries \(([0-9.]+)([KMGT])\)", msg)
-  if "RESOURCE_EXHAUSTED" not in msg or not m:
+  temps = re.search(r"temporaries \(([0-9.]+)([KMGT])\)", msg)
+  used = re.search(r"Used ([0-9.]+)([KMGT]) of [0-9.]+[KMGT] hbm", msg)
+  if "RESOURCE_EXHAUSTED" not in msg or not (temps or used):
     raise error
-  temps = int(float(m.group(1)) * 1024 ** "KMGT".index(m.group(2)) * 1024)
   args = sum(_state_bytes(setup))
-  return {"arguments": args, "outputs": args, "aliased": args, "temporaries": temps, "code": 0,
-          "peak": args + temps}
+  temporaries = _size(temps) if temps else max(0, _size(used) - args)
+  return {"arguments": args, "outputs": args, "aliased": args, "temporaries": temporaries,
+          "code": 0, "peak": args + temporaries}
 
 
 def compile_checked(cfg: Config, setup: state_lib.TrainSetup, lowered):

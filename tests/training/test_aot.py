@@ -249,6 +249,16 @@ def test_a_step_the_accelerator_compiler_refuses_is_a_clear_error():
                                         r".*Largest consumer"):
     aot.compile_checked(cfg, setup, Refused())
 
+  class OutOfHbm:  # libtpu's other wording (a v5e-256 MoE step): the program's whole use.
+    def compile(self):
+      raise jax.errors.JaxRuntimeError(
+          "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran "
+          "out of memory in memory space hbm. Used 16.13G of 15.75G hbm. Exceeded hbm capacity "
+          "by 392.48M.")
+
+  with pytest.raises(ConfigError, match=r"needs 16\.13 GiB per device.*Largest consumer"):
+    aot.compile_checked(cfg, setup, OutOfHbm())
+
   class Broken:
     def compile(self):
       raise jax.errors.JaxRuntimeError("INTERNAL: something else")

@@ -25,8 +25,8 @@ A mesh axis is used at most once per array, and the rows are tried in order (fla
 logical-to-mesh resolution skips a row whose mesh axes are taken): on activations ``batch`` takes
 ``expert`` and ``fsdp`` first, so ``embed`` is then left unsharded. Dense weights on an
 expert-parallel mesh are FSDP-sharded over all of ``(expert, fsdp)`` (as MaxText's ``embed``
-rule), not replicated across ``expert``: on v5p-128 at ``expert=8 x fsdp=8`` that compiled the
-MoE configs 6-19 % shorter, with 5.6-6.4 GiB fewer temporaries a chip for the 8B ones.
+rule), not replicated across ``expert``: less memory a chip and a shorter compile
+(docs/compile.md).
 
 On TPU chips with SparseCores, ``compiler_options`` has the steps' collectives and large sorts
 run on them (``mesh.sparsecore_collectives``, on by default): the TensorCores only compute, and
@@ -41,9 +41,8 @@ shards with an all-to-all. libtpu computes each all-to-all's ICI routing at comp
 on one thread: on a v5e-256 (no SparseCores) 6-12 s per lookup and its gradient, a quarter to a
 third of the paper configs' compile. There the table is gathered at the lookup instead
 (``lookup`` replicated: FSDP's gather-at-use, as for every other weight), and each device looks
-up its own rows: v5e-256 compiles 30-48 % shorter for 0.2-0.5 GiB more temporaries. On v5p the
-all-to-all goes to the SparseCores, and the gathered table cost 5 GiB more temporaries for no
-shorter compile.
+up its own rows, for a little more memory. On v5p the all-to-all goes to the SparseCores, and the
+gathered table cost more memory for no shorter compile (docs/compile.md has the numbers).
 """
 from __future__ import annotations
 

@@ -92,8 +92,30 @@ def select_experts(scores_te: jax.Array, bias_e: jax.Array, top_k: int, num_grou
 
 def gate_values(scores_te: jax.Array, idx_tk: jax.Array, scaling: float) -> jax.Array:
   """g [tokens, top_k]: the chosen unbiased scores normalised to sum 1, times ``scaling``."""
-  s_tk = jnp.take_along_axis(scores_te, idx_tk, axis=-1)
+  s_tk = chosen_scores(scores_te, idx_tk)
   return scaling * s_tk / jnp.sum(s_tk, axis=-1, keepdims=True)
+
+
+@jax.custom_vjp
+def chosen_scores(scores_te: jax.Array, idx_tk: jax.Array) -> jax.Array:
+  """``take_along_axis(scores, idx, -1)``, differentiated as a one-hot sum over the K choices:
+  the gradient of a gather is a scatter-add, which XLA:TPU compiles with a sort of its T * K
+  indices (a kernel of ~25k bundles in every MoE step). Reverse mode only (no ``jvp``)."""
+  return jnp.take_along_axis(scores_te, idx_tk, axis=-1)
+
+
+def _chosen_fwd(scores_te, idx_tk):
+  experts_0e = jnp.zeros((0, scores_te.shape[-1]), jnp.int32)  # Zero-size: carries E.
+  return chosen_scores(scores_te, idx_tk), (idx_tk, experts_0e)
+
+
+def _chosen_bwd(res, g_tk):
+  idx_tk, experts_0e = res
+  hit_tke = idx_tk[..., None] == jnp.arange(experts_0e.shape[-1], dtype=idx_tk.dtype)
+  return jnp.sum(jnp.where(hit_tke, g_tk[..., None], 0), axis=-2), None
+
+
+chosen_scores.defvjp(_chosen_fwd, _chosen_bwd)
 
 
 def routing_stats(logits_bte: jax.Array, scores_bte: jax.Array, idx_btk: jax.Array,

@@ -140,6 +140,22 @@ def test_capacity_dispatch_and_its_gradient_have_no_scatter():
   assert "scatter" not in text, [ln for ln in text.splitlines() if "scatter" in ln]
 
 
+def test_capacity_layer_gradient_has_no_scatter():
+  """The whole layer on the capacity path (router, gate values, dispatch, shared expert): its
+  gradient moves no row by a scatter, the gate's chosen scores included (``chosen_scores``)."""
+  cfg = moe_cfg()
+  cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, capacity_factor=1.0))
+  graphdef, params, rest = nnx.split(moe.MoEFeedForward(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+  x = jax.random.normal(jax.random.key(1), (2, 6, cfg.d_model), jnp.float32)
+
+  def loss(p, x):
+    return jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2)
+
+  text = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(params, x))
+  assert "custom_vjp_call" in text
+  assert "scatter" not in text, [ln for ln in text.splitlines() if "scatter" in ln]
+
+
 @pytest.mark.parametrize("n,block", [(36, 256), (1000, 8), (70_003, 256)])
 def test_running_count_equals_cumsum_exactly(n, block):
   """The capacity path's running counts (triangular products in bfloat16 with float32 sums) are

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t5like.config.model import ModelConfig
-from t5like.models.layers import dropout, dtype, fan_in_init, fold, param
+from t5like.models.layers import constrain, dropout, dtype, fan_in_init, fold, param
 from t5like.models.moe_dispatch import capacity_experts
 from t5like.models.mlp import SwiGLU
 
@@ -127,7 +127,10 @@ def routing_stats(logits_bte: jax.Array, scores_bte: jax.Array, idx_btk: jax.Arr
   """
   e, k = scores_bte.shape[-1], idx_btk.shape[-1]
   valid_bt = valid_bt.astype(jnp.float32)
-  chosen_bte = jax.nn.one_hot(idx_btk, e, dtype=jnp.float32).sum(axis=-2)
+  # Counted where the tokens are: left to propagation, XLA gathered every shard's chosen experts
+  # onto every device and built the one-hot of the whole batch there, in every MoE layer.
+  chosen_bte = constrain(jax.nn.one_hot(idx_btk, e, dtype=jnp.float32).sum(axis=-2),
+                         ("batch", "length", None))
   load_e = jnp.einsum("bt,bte->e", valid_bt, chosen_bte)
   tokens_b = valid_bt.sum(axis=1)
   per_row = jnp.maximum(tokens_b, 1.0)[:, None]

@@ -4,7 +4,8 @@
   each batch shard's rows, and its dropped pairs equal a direct count per shard;
 - with room for every pair, a DecLLM and a RedLLM with MoE layers give the same logits, loads and
   train step (gradients through the updated parameters, biases through the loads) as on 1 device;
-- there, dense weights are FSDP-sharded over all 8 devices, the routed experts 2 a device.
+- there, dense weights are FSDP-sharded over all 8 devices, the routed experts 2 a device, and
+  no device gathers the other shards' chosen experts.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from numerics import assert_close_to_scale
 from train_helpers import run_script
 
 SCRIPT = r"""
-import sys
+import re, sys
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from t5like import partitioning
@@ -64,7 +65,11 @@ def run(cfg, mesh, state=None):
     return logits, {"/".join(map(str, k)): v.load for k, v in moe.pop_layer_stats(model).items()}
   with jax.set_mesh(mesh), partitioning.axis_rules():
     logits, loads = jax.jit(forward)(state.params, state.model_state, batch)
-  new_state, metrics = step_lib.make_train_step(setup)(state, batch)
+  train_step = step_lib.make_train_step(setup).lower(state, batch).compile()
+  if mesh is mesh8:  # All-gathers of int32 [..., top_k] arrays: the chosen experts.
+    out[f"gathered_routes_{cfg.model.family}"] = np.array(re.findall(
+        rf"= s32\[[\d,]*,{cfg.model.moe.top_k}\]\S* all-gather", train_step.as_text()))
+  new_state, metrics = train_step(state, batch)
   for path, x in jax.tree_util.tree_flatten_with_path(new_state.params)[0]:
     name = jax.tree_util.keystr(path)
     if mesh is mesh8 and name.endswith(("['attention']['wq']", "['experts']['wi_gate']")):
@@ -122,6 +127,12 @@ def test_dense_weights_use_every_device_for_fsdp_the_experts_their_expert_shard(
   # [layers, expert, embed, mlp]: 2 of the 8 experts a device, embed over fsdp (2).
   full, shard = results[f"shard_{family}_wi_gate"]
   assert (shard[1] * 4, shard[2] * 2, shard[3]) == (full[1], full[2], full[3])
+
+
+@pytest.mark.parametrize("family", ["decllm", "redllm"])
+def test_routing_stats_count_each_shards_tokens_where_they_are(results, family):
+  # Left to propagation, the loads' one-hot gathered every shard's chosen experts to every device.
+  assert results[f"gathered_routes_{family}"].size == 0, results[f"gathered_routes_{family}"]
 
 
 @pytest.mark.parametrize("family", ["decllm", "redllm"])

@@ -23,7 +23,7 @@ layer body once) compare variants of a config without the accelerator, e.g.
 which a run compiles at its first evaluation (and ``--compile_only`` after the train step). The
 persistent compilation cache is off here: every number is a cold compile. ``--baseline`` also
 compiles a plain scanned step of each config's shapes (``compile_baseline.py``: a decoder for
-DecLLM, an encoder-decoder for RedLLM).
+DecLLM, an encoder-decoder for RedLLM; with ``model.moe``, textbook one-hot MoE layers).
 ``--kernels N`` (a TPU slice) also splits the backend by kernel: libtpu compiles each kernel of
 the program (a fusion, a collective, a sort) on a thread of its own and logs when it starts and
 ends, so each kernel's seconds on its thread add up by kind (collectives, fusions by their
@@ -289,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     if args.baseline and not args.lower_only:
       r = _baseline(cfg, devices, args.by_source_depth if args.by_source else 0)
-      plain = "plain decoder" if cfg.model.family == "decllm" else "plain encoder-decoder"
+      plain = "plain" + (" MoE" if cfg.model.moe.enabled else "") + (
+          " decoder" if cfg.model.family == "decllm" else " encoder-decoder")
       print(_row(f"{name}: {plain}", "train", r), flush=True)
       _print_kernels(r, args)
   return 0

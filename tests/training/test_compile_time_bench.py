@@ -153,19 +153,30 @@ def test_a_refused_compile_is_one_row_with_the_memory_hint_only_for_memory(
   assert ("microbatches=N" in row) == hint
 
 
-@pytest.mark.parametrize("family", ["decllm", "redllm"])
-def test_plain_step_is_a_train_step_of_the_configs_shapes(family):
+@pytest.mark.parametrize("family,moe", [("decllm", False), ("redllm", False), ("decllm", True),
+                                        ("redllm", True)])
+def test_plain_step_is_a_train_step_of_the_configs_shapes(family, moe):
   """The floor ``--baseline`` compiles is a working train step of the config's family and
   shapes: the batch is the config's (tokens, or inputs and targets), the loss falls on a fixed
-  batch, and every weight learns (RedLLM's encoder through the cross-attention)."""
+  batch, and every weight learns (RedLLM's encoder through the cross-attention; with MoE, the
+  router, the routed and the shared experts, after a dense first layer in each stack)."""
   from t5like.config import load_config
-  cfg = load_config(os.path.join(REPO, "configs", f"tiny_{family}.py"), [])
+  cfg = load_config(os.path.join(REPO, "configs", f"tiny_{family}{'_moe' if moe else ''}.py"),
+                    ["model.moe.decoder_first_dense=1", "model.moe.encoder_first_dense=1",
+                     "model.num_encoder_layers=2", "model.num_decoder_layers=2",
+                     "model.moe.capacity_factor=2.0"] if moe else [])
   r = compile_baseline.measure(cfg, jax.devices()[:1])
   params_in, _, batch_in = r["lowered"].args_info[0]
   lengths = ((cfg.data.inputs_length, cfg.data.targets_length) if family == "redllm"
              else (cfg.data.sequence_length,))
   assert [b.shape for b in batch_in] == [(cfg.train.batch_size, n) for n in lengths]
   assert ("encoder" in params_in) == (family == "redllm")
+  stack = params_in["decoder" if family == "redllm" else "layers"]
+  assert sorted(stack) == (["0_dense", "1_moe"] if moe else ["0_dense"])
+  if moe:
+    layers = cfg.model.num_layers if family == "decllm" else cfg.model.num_decoder_layers
+    assert stack["1_moe"]["expert_wi"].shape == (
+        layers - 1, cfg.model.moe.num_experts, cfg.model.d_model, cfg.model.moe.expert_d_ff)
   rng = np.random.default_rng(0)
   params = jax.tree_util.tree_map_with_path(  # RMSNorm gains 1, weights N(0, 0.02).
       lambda path, a: jnp.ones(a.shape) if "norm" in jax.tree_util.keystr(path)

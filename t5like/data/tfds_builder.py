@@ -61,6 +61,14 @@ def fingerprint(files: Sequence[str], policy: str) -> str:
   return h.hexdigest()[:16]
 
 
+class _LocalInfo(tfds.core.DatasetInfo):
+  """A converted corpus's info: nothing to look up in TFDS's public bucket (which TFDS does for a
+  builder not yet prepared, after making a temporary directory it never removes)."""
+
+  def initialize_from_bucket(self) -> None:
+    return None
+
+
 class _JsonlBuilder(tfds.core.GeneratorBasedBuilder):
   """Shared parts: string features, metadata with bad-record counts, ordered examples."""
 
@@ -82,7 +90,7 @@ class _JsonlBuilder(tfds.core.GeneratorBasedBuilder):
     super().__init__(**kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return _LocalInfo(
         builder=self,
         description="Converted by t5like from a jsonl(.zst) corpus.",
         features=tfds.features.FeaturesDict(

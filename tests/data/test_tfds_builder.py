@@ -4,6 +4,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -27,6 +28,16 @@ def converted(redpajama_root, flan_root, tmp_path_factory):
                                  validation_dir=redpajama_root[1])
   tfds_builder.prepare_flan(flan_root, data_dir)
   return data_dir
+
+
+def test_conversion_leaves_nothing_in_the_temp_dir(redpajama_root, tmp_path, monkeypatch):
+  """TFDS makes a temporary directory for every builder not yet prepared (to fetch precomputed
+  info from its bucket) and never removes it: a converted corpus skips that lookup."""
+  temp = tmp_path / "tmp"
+  temp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(temp))
+  tfds_builder.prepare_redpajama(redpajama_root[0], str(tmp_path / "tfds"), subsets=["book"])
+  assert os.listdir(temp) == []
 
 
 def test_redpajama_conversion_round_trips_the_jsonl_records(converted, redpajama_root):

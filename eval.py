@@ -118,5 +118,4 @@ def _suite(args, overrides) -> int:
 if __name__ == "__main__":
   from t5like import runtime
   runtime.libtpu_init_args()  # Before JAX: libtpu's compiler stacks (t5like/runtime.py).
-  runtime.reexec_with_huge_pages()  # Before JAX: huge pages for XLA:CPU's buffers.
   sys.exit(main())

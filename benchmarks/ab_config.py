@@ -79,5 +79,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  runtime.reexec_with_huge_pages()  # What the CLIs run with (t5like/runtime.py).
   main()

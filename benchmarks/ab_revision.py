@@ -200,6 +200,5 @@ def main() -> None:
 if __name__ == "__main__":
   sys.path.insert(0, REPO)
   from t5like import runtime  # noqa: E402
-  runtime.reexec_with_huge_pages()
   sys.path.remove(REPO)  # Each side's t5like is imported afresh (``_load``).
   main()

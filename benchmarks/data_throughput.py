@@ -187,6 +187,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-  from t5like import runtime
-  runtime.reexec_with_huge_pages()  # What the CLIs run with (t5like/runtime.py).
   main()

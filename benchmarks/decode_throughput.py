@@ -41,7 +41,6 @@ from flax import nnx  # noqa: E402
 
 from benchmarks import timing  # noqa: E402
 from benchmarks.train_throughput import peer_device  # noqa: E402  (PyTorch where JAX runs)
-from t5like import runtime  # noqa: E402
 from t5like.config.model import ModelConfig  # noqa: E402
 from t5like.evaluation.cost import inference_flops  # noqa: E402
 from t5like.inference import generation as gen  # noqa: E402
@@ -183,7 +182,6 @@ def main() -> None:
       for r in rows[start:]:  # As measured: a cut-off run keeps its rows.
         print(f"  {r['system']} {dtype} {case}: {r['new_tok_s']:,.0f} new tokens/s",
               file=sys.stderr, flush=True)
-  print(runtime.huge_pages_state())
   print(f"| system | dtype | params (M) | batch x prompt + new | prefill tok/s | decode tok/s "
         f"| new tok/s | GFLOP/seq |")
   print("|---|---|---|---|---|---|---|---|")
@@ -200,5 +198,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  runtime.reexec_with_huge_pages()  # What the CLIs run with (t5like/runtime.py).
   main()

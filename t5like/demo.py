@@ -99,6 +99,4 @@ def _suite_report(workdirs: list[str], output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-  from t5like import runtime
-  runtime.reexec_with_huge_pages()  # Before JAX: huge pages for XLA:CPU's buffers.
   sys.exit(main())

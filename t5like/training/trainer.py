@@ -15,6 +15,7 @@ from etils import epath
 
 from t5like.config import Config, ConfigError, to_dict
 from t5like.errors import UserError
+from t5like import ops
 from t5like.ops import cudnn_packed
 from t5like.training.held_out import held_out_metrics, pad_rows
 from t5like.training import aot, checkpointing, compile_cache, startup, step_dirs
@@ -212,7 +213,7 @@ class Trainer:
   def _checked(self, local: dict) -> dict:
     """The host's batch, refused with a clear error where cuDNN's packed layout cannot hold it
     (more segments in a row than model.max_segments_per_row)."""
-    if self.cfg.model.attention_impl == "cudnn":
+    if ops.resolve(self.cfg.model, self.setup.mesh).attention_impl == "cudnn":
       cudnn_packed.check_batch(self.cfg.model.max_segments_per_row, local)
     return local
 

@@ -15,8 +15,8 @@ optimizer), ``attention_impl="cudnn"``; DecLLM rows of 2048 tokens, RedLLM 1024 
 For each family a small search (remat ``none`` / ``dots`` / ``full``, two microbatches where one
 does not fit) picks the fastest setting on unpacked rows; the packed row (documents of ~512
 tokens packed with segment ids: cuDNN's packed layout) uses it. Then the peer and decode; last,
-budget allowing, packed DecLLM on ``xla`` attention (what packed training ran before) and on the
-reference ops. Rows are printed and saved (``--json``) as they come.
+budget allowing, packed DecLLM on the reference attention core (what ``auto`` picks where
+cuDNN cannot serve a config). Rows are printed and saved (``--json``) as they come.
 
 Counting (docs/flops.md, ``flops.train_flops``): every position of a row counts as a token, MFU
 is model FLOPs per second over the card's dense bf16 peak (``flops.peak_flops_per_device``: H100
@@ -78,7 +78,6 @@ class Shape:
   dtype: str = "bfloat16"
   attention: str = "cudnn"
   d_model: int = 0  # 0 = the paper's 1B widths; --smoke shrinks them.
-  ops: str = "auto"  # model.ops: `auto` is `xla` on a GPU; a `reference` row compares the forms.
 
 
 def make_config(family: str, shape: Shape, remat: str, microbatches: int,
@@ -92,8 +91,7 @@ def make_config(family: str, shape: Shape, remat: str, microbatches: int,
     m = dataclasses.replace(m, num_layers=shape.layers, num_encoder_layers=shape.layers,
                             num_decoder_layers=shape.layers)
   cfg.model = dataclasses.replace(m, dtype=shape.dtype, attention_impl=shape.attention,
-                                  remat_policy=remat, max_segments_per_row=0 if packed else 1,
-                                  ops=shape.ops)
+                                  remat_policy=remat, max_segments_per_row=0 if packed else 1)
   cfg.data.sequence_length = shape.length
   cfg.data.inputs_length = cfg.data.targets_length = shape.length // 2
   cfg.data.pack = packed
@@ -176,7 +174,7 @@ def train_row(name: str, cfg: Config, steps: int, packed: bool, peak: float,
   m = cfg.model
   return {"row": name, "family": m.family, "layers": m.num_layers if m.family == "decllm" else
           f"{m.num_encoder_layers}+{m.num_decoder_layers}", "params_m": setup.num_params / 1e6,
-          "attention": m.attention_impl, "ops": m.ops, "packed": packed, "remat": m.remat_policy,
+          "attention": m.attention_impl, "packed": packed, "remat": m.remat_policy,
           "micro": cfg.train.microbatches, "shape": f"{cfg.train.batch_size}x" + (
               f"{enc}+{dec}" if enc else f"{dec}"), "step_ms": step_s * 1e3,
           "peak_gib": aot.memory_per_device(compiled)["peak"] / GiB, "compile_s": compile_s,
@@ -283,8 +281,7 @@ def packed_row(family: str, name: str, shape: Shape, best: dict, steps: int, pea
 
 def main(argv=None) -> list[dict]:
   """The rows in order of what the targets need: per family the search and the packed cuDNN row,
-  the peer, decode; then, budget allowing, packed DecLLM on `xla` attention (what packed training
-  ran before) and on the reference ops (whether `auto` should pick them on a GPU)."""
+  the peer, decode; then, budget allowing, packed DecLLM on the reference attention core."""
   args = _args(argv)
   start = time.time()
   deadline = start + args.budget_s
@@ -294,7 +291,7 @@ def main(argv=None) -> list[dict]:
   if args.smoke:
     shape = Shape(layers=1, batch=2, length=64, d_model=64)
   if not gpu:
-    shape = dataclasses.replace(shape, dtype="float32", attention="xla")  # cuDNN: GPUs only.
+    shape = dataclasses.replace(shape, dtype="float32", attention="reference")  # cuDNN: GPUs only.
   peak = flops.peak_flops_per_device(0.0, shape.dtype)
   print(f"device: {dev.device_kind} ({dev.platform}); JAX {jax.__version__}; peak "
         f"{peak / 1e12:.0f} TFLOP/s; HBM {hbm_bandwidth(dev.device_kind) / 1e12:.2f} TB/s; "
@@ -333,9 +330,10 @@ def main(argv=None) -> list[dict]:
     small = dict(batches=(1,), prompt=8, news=(2, 4)) if args.smoke else {}
     for row in decode_rows(model_cfg, hbm_bandwidth(dev.device_kind), **small):
       add(row)
-  extra = [("decllm packed, reference ops", dataclasses.replace(shape, ops="reference"))]
+  extra = []
   if shape.attention == "cudnn":
-    extra.insert(0, ("decllm packed, xla attention", dataclasses.replace(shape, attention="xla")))
+    extra.append(("decllm packed, reference attention",
+                  dataclasses.replace(shape, attention="reference")))
   for name, s in extra if "decllm" in best else []:
     if time.time() > deadline and not args.smoke:
       print(f"  (budget spent: {name} not run)", flush=True)

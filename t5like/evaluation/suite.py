@@ -71,7 +71,7 @@ def _attention(model, cfg, output_dir, tag):
   from t5like.evaluation import attention_analysis as aa
   maps = aa.attention_maps(model, aa.held_out_batch(cfg, 4))
   png = epath.Path(output_dir) / f"attention_{tag}.png"
-  aa.plot_heads(maps[:4], png, title=f"{tag}: attention maps, held-out row 0")
+  aa.plot_heads(aa.panels(maps), png, title=f"{tag}: attention maps, held-out row 0")
   return {"layers": aa.summarize(maps), "heatmaps": png.name}
 
 

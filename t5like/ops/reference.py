@@ -149,7 +149,7 @@ class Reference:
     """The attention core, [batch, t, heads, head_dim]. ``mask``: bool [batch, heads|1, t, s],
     or a ``models.masks.MaskSpec`` for ``model.attention_impl``'s fused kernel. ``causal``:
     the mask allows no key after its query (a backend may skip those keys)."""
-    if not isinstance(mask, jax.Array):  # A MaskSpec: the fused kernel never builds the mask.
+    if isinstance(mask, tuple):  # A MaskSpec (a NamedTuple): the fused core never builds it.
       from t5like.ops import fused_attention
       return fused_attention.attend(self.attention_impl, q_bthk, k_bsgk, v_bsgk, mask,
                                     max_segments_per_row=self.max_segments_per_row,

@@ -28,6 +28,7 @@ from etils import epath
 from t5like import partitioning, paths
 from t5like.config import Config, ConfigError, to_dict
 from t5like.training import checkpointing, compile_cache, distributed, startup, step_dirs
+from t5like.training import workdir_lock
 from t5like.training import data as data_lib
 from t5like.training import state as state_lib
 from t5like.training.trainer import NonFiniteError, Trainer  # noqa: F401 - NonFiniteError: API.
@@ -145,11 +146,14 @@ def run(cfg: Config, workdir: str, *, data: data_lib.DataSource | None = None,
   distributed.initialize(cfg.distributed)
   workdir = paths.resolve(workdir)
   _make_workdir(workdir)
+  lock = workdir_lock.hold(workdir)  # One run per workdir: before its logs, metrics, checkpoints.
   file_handler = _setup_logging(workdir)
   compile_cache.configure(cfg.train, workdir)  # Before the first compile.
   try:
     return _run(cfg, workdir, data, step_hook)
   finally:
+    if lock is not None:
+      lock.release()
     if file_handler is not None:
       log.removeHandler(file_handler)
       file_handler.close()

@@ -129,6 +129,10 @@ class Trainer:
         if cfg.checkpoint.restore_data and not restored.data_restored:
           close_iterator(self.train_iter)  # Every host restarts its stream (agreed in restore).
           self.train_iter = self._open_train_data()
+    if self.state is None and self.ckpt.unfinished:  # Never a silent start from step 0.
+      log.warning("no finished checkpoint in %s (only the unfinished save(s) %s): starting from "
+                  "%s", self.ckpt.directory, self.ckpt.unfinished,
+                  "train.init_from" if self.init_dir else "step 0")
     if self.state is None and self.init_dir is not None:
       params = step_dirs.restore_params(self.init_dir, setup.abstract_state.params)
       biases = step_dirs.restore_model_state(self.init_dir, setup.abstract_state.model_state)

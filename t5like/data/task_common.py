@@ -98,8 +98,8 @@ def make_task(name: str, source, spec: CorpusSpec):
   elif spec.denoiser:
     from t5like.data import denoising  # pylint: disable=g-import-not-at-top
 
-    features = objectives.output_features(vocabulary, ("inputs", "targets"), add_eos=False)
-    preps = denoising.preprocessors(spec.denoiser, spec.chunking)
+    features = objectives.output_features(vocabulary, ("inputs", "targets"), add_eos=True)
+    preps = denoising.preprocessors(spec.denoiser, spec.chunking)  # EOS on both, as T5.
   else:
     keys = ("targets",) if spec.variant == "lm" else ("inputs", "targets")
     features = objectives.output_features(vocabulary, keys, add_eos=False)

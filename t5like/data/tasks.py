@@ -198,8 +198,21 @@ def register_extra_eval(cfg, name: str, directory: str, variant: str) -> str:
   return task_name
 
 
+def spec_of_task(seqio_task: str) -> CorpusSpec | None:
+  """The registration spec behind a t5like seqio task (None: not registered by t5like)."""
+  for spec, names, _ in _REGISTERED.values():
+    if seqio_task in names:
+      return spec
+  return None
+
+
 def task_stats(seqio_task: str, split: str = "train") -> dict[str, Any]:
-  """Good/bad record counts of a task: read by this process (jsonl) or kept at TFDS conversion."""
+  """Good/bad record counts of a task: read by this process (jsonl), kept at TFDS conversion,
+  or counted when its cache was built (data.cache_dir)."""
+  from t5like.data import caching  # pylint: disable=g-import-not-at-top
+
+  if caching.cached_manifest(seqio_task) is not None:
+    return caching.cached_stats(seqio_task, split)
   fn = tc.TASK_STATS.get(seqio_task)
   return fn(split) if fn else {}
 

@@ -145,7 +145,7 @@ def build_command(spec) -> str:
 _CACHED: dict[str, dict[str, Any]] = {}  # seqio task name -> manifest of the cache it reads.
 
 
-def _load_manifest(path: str) -> dict[str, Any] | None:
+def load_manifest(path: str) -> dict[str, Any] | None:
   try:
     with tf.io.gfile.GFile(os.path.join(path, MANIFEST)) as f:
       return json.load(f)
@@ -161,7 +161,7 @@ def attach(task: seqio.Task, spec, root: str) -> None:
   if not tf.io.gfile.exists(os.path.join(path, COMPLETED)):
     raise CacheError(f"data.cache_dir={root} has no complete cache of {cache_name(task.name)} "
                      f"({path}/{COMPLETED} does not exist); {fix}")
-  manifest = _load_manifest(path)
+  manifest = load_manifest(path)
   if manifest is None:
     raise CacheError(f"{path} has no readable {MANIFEST} (not a t5like cache?); {fix}")
   want = identity(spec, task)

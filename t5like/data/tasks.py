@@ -25,6 +25,7 @@ from t5like.data import counts, sources
 from t5like.data import task_common as tc
 from t5like.data.flan_tasks import register_flan
 from t5like.data.task_common import CorpusSpec, default_tfds_dir, seqio_name  # noqa: F401 (API)
+from t5like.errors import UserError
 
 EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded")
 EMBEDDED_ROOTS = {
@@ -163,6 +164,27 @@ def spec_from_config(cfg, name: str, variant: str) -> CorpusSpec:
       shuffle_buffer_size=data.shuffle_buffer_size, bad_records=data.bad_records,
       chunking=data.pretrain_chunking, holdout=data.validation_holdout,
       flan_grouping=data.flan_grouping, extra_ids=data.extra_ids)
+
+
+def cache_spec(corpus: str, data_dir: str = "", validation_dir: str = "", overrides=()):
+  """The spec a cache of ``corpus`` ("redpajama", "flan", "embedded_*") is built for, with
+  ``data.*`` overrides ("data.vocab_path=..."): its lm / it variant, the tokenised part that
+  every objective shares."""
+  from t5like.config import Config  # pylint: disable=g-import-not-at-top
+  from t5like.config.schema import apply_overrides  # pylint: disable=g-import-not-at-top
+
+  bad = [o for o in overrides if not o.startswith("data.")]
+  if bad:
+    raise UserError(f"a corpus cache takes only data.* settings (--config.data.*), got {bad}")
+  cfg = Config()
+  apply_overrides(cfg, list(overrides))
+  name = {"redpajama": "redpajama_v1"}.get(corpus, corpus)
+  cfg.data.mixture, cfg.data.data_dir, cfg.data.validation_dir = name, data_dir, validation_dir
+  cfg.data.objective = "auto"
+  if name in ("redpajama_v1", "flan") and not data_dir:
+    raise UserError(f"--corpus {corpus} reads a corpus on disk: give --data_dir")
+  cfg.data.validate()
+  return spec_from_config(cfg, name, "it" if name.endswith("flan") else "lm")
 
 
 EXTRA_EVAL_PREFIX = "extra_eval_"

@@ -27,28 +27,7 @@ from typing import Any, Sequence
 
 from t5like import cli
 
-CORPORA = {"redpajama": "redpajama_v1", "flan": "flan", "embedded_redpajama": "embedded_redpajama",
-           "embedded_flan": "embedded_flan"}
-
-
-def corpus_spec(corpus: str, data_dir: str, validation_dir: str, overrides: Sequence[str]):
-  """The registration spec the cache is built for (variant lm / it: the shared tokenised part)."""
-  from t5like.config import Config  # pylint: disable=g-import-not-at-top
-  from t5like.config.schema import apply_overrides  # pylint: disable=g-import-not-at-top
-  from t5like.data import tasks  # pylint: disable=g-import-not-at-top
-
-  cfg = Config()
-  bad = [o for o in overrides if not o.startswith("data.")]
-  if bad:
-    raise cli.UserError(f"cache_data takes only --config.data.* overrides, got {bad}")
-  apply_overrides(cfg, list(overrides))
-  name = CORPORA[corpus]
-  cfg.data.mixture, cfg.data.data_dir, cfg.data.validation_dir = name, data_dir, validation_dir
-  cfg.data.objective = "auto"
-  if name in ("redpajama_v1", "flan") and not data_dir:
-    raise cli.UserError(f"--corpus {corpus} reads a corpus on disk: give --data_dir")
-  cfg.data.validate()
-  return tasks.spec_from_config(cfg, name, "it" if name.endswith("flan") else "lm")
+CORPORA = ("embedded_flan", "embedded_redpajama", "flan", "redpajama")
 
 
 class _Worker:
@@ -134,7 +113,7 @@ def run(spec, output_dir: str, pipeline_args: Sequence[str], overwrite: bool = F
   summary = {"output_dir": output_dir, "built": [caching.cache_name(n) for n in todo],
              "kept": [caching.cache_name(n) for n in names if n not in todo], "parts": {}}
   for n in names:
-    manifest = caching._load_manifest(  # pylint: disable=protected-access
+    manifest = caching.load_manifest(
         f"{output_dir.rstrip('/')}/{caching.cache_name(n)}") or {}
     summary["parts"][caching.cache_name(n)] = {
         "examples": manifest.get("examples"), "records": manifest.get("records")}
@@ -143,7 +122,7 @@ def run(spec, output_dir: str, pipeline_args: Sequence[str], overwrite: bool = F
 
 def main(argv: Sequence[str] | None = None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--corpus", required=True, choices=sorted(CORPORA))
+  p.add_argument("--corpus", required=True, choices=CORPORA)
   p.add_argument("--data_dir", default="", help="corpus root (local or gs://)")
   p.add_argument("--validation_dir", default="", help="RedPajama held-out root (cached too)")
   p.add_argument("--output_dir", required=True, help="the cache (data.cache_dir), any URI")
@@ -157,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
   runtime.init_tensorflow()
   try:
-    spec = corpus_spec(args.corpus, args.data_dir, args.validation_dir, overrides)
+    from t5like.data import tasks  # pylint: disable=g-import-not-at-top
+    spec = tasks.cache_spec(args.corpus, args.data_dir, args.validation_dir, overrides)
     summary = run(spec, args.output_dir, beam_args, overwrite=args.overwrite)
   except sources.LayoutError as e:
     raise SystemExit(f"cache_data: {e}") from None

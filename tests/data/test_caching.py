@@ -155,3 +155,16 @@ def test_flan_from_cache_needs_no_count_of_any_file(make_cfg, flan_root, tmp_pat
   monkeypatch.undo()
   from cache_checks import same
   assert same(got, take(pipeline.make_iterator(cfg, batch_size=3), 4))
+
+
+def test_module_import_registers_the_cacheable_tasks(monkeypatch, redpajama_root, spm_path):
+  import importlib
+  import sys
+  monkeypatch.setenv("T5LIKE_SEQIO_CORPORA", json.dumps([{
+      "corpus": "redpajama", "data_dir": redpajama_root[0],
+      "config": [f"data.vocab_path={spm_path}", f"data.mixture_rates={ONLY_3}"]}]))
+  sys.modules.pop("t5like.data.seqio_tasks", None)
+  module = importlib.import_module("t5like.data.seqio_tasks")
+  assert module.MIXTURES == ["embedded_redpajama:lm", "embedded_flan", "redpajama_v1:lm"]
+  for name in ("embedded_redpajama.c4:lm", "redpajama_v1.book:lm"):
+    assert seqio.get_mixture_or_task(name).supports_caching

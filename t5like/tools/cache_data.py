@@ -27,6 +27,10 @@ from typing import Any, Sequence
 
 from t5like import cli
 
+BEAM = ("Beam pipeline options (any other flag), e.g. --runner=DataflowRunner --project=P "
+        "--region=R --temp_location=gs://b/tmp --sdk_container_image=IMAGE "
+        "--num_workers=N --max_num_workers=N --experiments=use_runner_v2, or locally "
+        "--direct_running_mode=multi_processing --direct_num_workers=N")
 CORPORA = ("embedded_flan", "embedded_redpajama", "flan", "redpajama")
 
 
@@ -121,7 +125,7 @@ def run(spec, output_dir: str, pipeline_args: Sequence[str], overwrite: bool = F
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=BEAM)
   p.add_argument("--corpus", required=True, choices=CORPORA)
   p.add_argument("--data_dir", default="", help="corpus root (local or gs://)")
   p.add_argument("--validation_dir", default="", help="RedPajama held-out root (cached too)")

@@ -30,6 +30,11 @@ from t5like import cli, runtime
 from t5like.data import counts, sources
 from t5like.errors import UserError
 
+BEAM = ("Beam pipeline options (any other flag), e.g. --runner=DataflowRunner --project=P "
+        "--region=R --temp_location=gs://b/tmp --sdk_container_image=IMAGE "
+        "--num_workers=N --max_num_workers=N --experiments=use_runner_v2, or locally "
+        "--direct_running_mode=multi_processing --direct_num_workers=N")
+
 
 def _beam_options(rest: Sequence[str]) -> list[str]:
   try:
@@ -60,7 +65,7 @@ def convert_redpajama(root: str, data_dir: str, *, beam_options: Sequence[str],
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=BEAM)
   p.add_argument("--data_dir", required=True, help="corpus root (local or gs://)")
   p.add_argument("--corpus", required=True, choices=("redpajama", "flan"))
   p.add_argument("--tfds_data_dir", default="", help="convert to TFDS there ('' = counts only)")

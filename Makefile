@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow test-aot test-gpu bench-gpu test-hf test-t5 tpu-table bench clean
+.PHONY: install demo test test-slow test-aot test-gpu bench-gpu test-hf test-t5 test-beam tpu-table bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -89,6 +89,16 @@ $(T5_VENV)/.installed: pyproject.toml
 test-t5: $(T5_VENV)/.installed
 	$(T5_PY) -m pytest -q -p no:cacheprovider -m t5check tests/t5check $(PYTEST_ARGS)
 
+# Corpus caches built on Beam (marked `beam`; t5like/tools/cache_data.py, multi-process
+# DirectRunner): apache-beam needs protobuf < 7, hence sentencepiece 0.2.2 (`.[beam]`).
+BEAM_VENV ?= .venv-beam
+BEAM_PY := $(BEAM_VENV)/bin/python
+BEAM_STAMP := $(BEAM_VENV)/.installed
+$(eval $(call extra_venv,$(BEAM_VENV),beam))
+
+test-beam: $(BEAM_STAMP)
+	$(BEAM_PY) -m pytest -q -p no:cacheprovider -m beam $(PYTEST_ARGS)
+
 # The paper table of docs/pods.md: every paper config compiled for v5p-128 and v5e-256 (a few
 # hours on 2 cores; resumes from runs/tpu_table.json).
 tpu-table: $(TPU_STAMP)
@@ -101,4 +111,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/decode_throughput.py
 
 clean:
-	rm -rf $(VENV) $(TPU_VENV) $(HF_VENV) $(T5_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(TPU_VENV) $(HF_VENV) $(T5_VENV) $(BEAM_VENV) runs .pytest_cache

@@ -71,6 +71,9 @@ class DataConfig:
   #   them once into a TFDS dataset under tfds_data_dir and read that (fast, sharded TFRecords).
   tfds_data_dir: str = ""  # Where TFDS conversions live ("" = $T5LIKE_CACHE/tfds/<corpus>-<hash of
   #   its root>, T5LIKE_CACHE defaulting to ~/.cache/t5like).
+  cache_dir: str = ""  # Read the corpus's tasks from the seqio cache built there by
+  #   python -m t5like.tools.cache_data (any URI; tokenised once, docs/data.md); "" = tokenise
+  #   on the fly. A missing or stale cache is an error naming the command that builds it.
   vocab_path: str = ""  # SentencePiece model file (path or gs:// URI) whose size must equal
   #   model.vocab_size; "" = the embedded 8,192-piece vocabulary, allowed only for the embedded
   #   corpora (build a corpus's 32,768-piece model with python -m t5like.tools.build_vocab).

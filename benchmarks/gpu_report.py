@@ -17,32 +17,44 @@ KERNEL_CLASSES = (
 )
 
 
-def time_split(events: list[dict]) -> dict[str, float]:
-  """Milliseconds of GPU kernel time by class, from a Chrome/Perfetto trace's events: complete
-  events on the threads of processes named like a GPU; where those have stream threads (the
-  kernels), only those (the "XLA Ops" / "XLA Modules" lines repeat the same time)."""
+def gpu_kernel_events(events: list[dict]):
+  """The GPU kernels of a Chrome/Perfetto trace's events: complete events on the threads of
+  processes named like a GPU; where those have stream threads (the kernels), only those (the
+  "XLA Ops" / "XLA Modules" lines repeat the same time)."""
   meta = [e for e in events if e.get("ph") == "M"]
   gpu_pids = {e["pid"] for e in meta if e.get("name") == "process_name"
               and "gpu" in str(e.get("args", {}).get("name", "")).lower()}
   streams = {(e["pid"], e.get("tid")) for e in meta if e.get("name") == "thread_name"
              and e["pid"] in gpu_pids and "stream" in str(e.get("args", {}).get("name")).lower()}
-  out = {"products": 0.0, "attention": 0.0, "collectives": 0.0, "other": 0.0}
   for e in events:
     if e.get("ph") != "X" or e.get("pid") not in gpu_pids:
       continue
     if streams and (e["pid"], e.get("tid")) not in streams:
       continue
+    yield e
+
+
+def time_split(events: list[dict]) -> dict[str, float]:
+  """Milliseconds of GPU kernel time by class, from a trace's events (``gpu_kernel_events``)."""
+  out = {"products": 0.0, "attention": 0.0, "collectives": 0.0, "other": 0.0}
+  for e in gpu_kernel_events(events):
     cls = next((c for c, rx in KERNEL_CLASSES if rx.search(e.get("name", ""))), "other")
     out[cls] += float(e.get("dur", 0.0)) / 1e3
   return out
 
 
-def trace_split(profile_dir: str) -> dict[str, float]:
+def trace_events(profile_dir: str) -> list[dict]:
+  """The events of the newest ``jax.profiler`` trace under ``profile_dir`` ([] if none)."""
   paths = sorted(glob.glob(os.path.join(profile_dir, "**", "*.trace.json.gz"), recursive=True))
   if not paths:
-    return {}
+    return []
   with gzip.open(paths[-1], "rt") as f:
-    return time_split(json.load(f).get("traceEvents", []))
+    return json.load(f).get("traceEvents", [])
+
+
+def trace_split(profile_dir: str) -> dict[str, float]:
+  events = trace_events(profile_dir)
+  return time_split(events) if events else {}
 
 
 def table_row(device_kind: str, jax_version: str, date: str, rows: list[dict]) -> str:
@@ -53,6 +65,7 @@ def table_row(device_kind: str, jax_version: str, date: str, rows: list[dict]) -
     return fmt(min(found, key=lambda r: r["step_ms"])) if found else "-"
   train = lambda fam, packed: lambda r: (  # noqa: E731
       r.get("family") == fam and r.get("packed") is packed and r.get("attention") != "xla"
+      and not r.get("moe") and "step_ms" in r
       and r.get("ops", "auto") == "auto" and not r["row"].startswith("peer"))
   tok = lambda r: f"{r['tokens_s'] / 1e3:.0f}k"  # noqa: E731
   mfu = lambda r: f"{100 * r['mfu']:.0f} % / {tok(r)}"  # noqa: E731

@@ -41,6 +41,7 @@ HBM_BANDWIDTH = (("h200", 4.8e12), ("h100 pcie", 2.0e12), ("h100", 3.35e12), ("a
 # HLO instructions that run no kernel of their own (views, tuples, constants, control).
 NO_KERNEL = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all",
              "add-dependency", "opt-barrier", "partition-id", "replica-id", "domain"}
+_CROSS_KV = re.compile(r"\['cross_attention'\]\['w[kv]'\]")  # Computed once, at prefill.
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?\s([a-z][a-z0-9\-_]*)\((.*)$")
 
@@ -53,13 +54,15 @@ def hbm_bandwidth(device_kind: str) -> float:
 def decode_floor_bytes(cfg, params: dict, batch: int, context: float, encoder_length: int = 0
                        ) -> float:
   """Bytes one greedy decode step reads: the weights it uses as the decode layout holds them
-  (a bf16 model: its dense kernels and tables at 2 bytes, norms at 4; RedLLM: not the encoder's),
-  and the KV cache: ``context`` cached tokens of the decoder's
-  own (mean over the timed steps) in every self-attention layer, RedLLM's ``encoder_length``
-  encoder keys and values in every cross-attention."""
-  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-  weights = sum(x.size * x.dtype.itemsize for path, x in leaves
-                if not jax.tree_util.keystr(path).startswith("['encoder"))
+  (a bf16 model: its dense kernels and tables at 2 bytes, norms at 4; RedLLM: not the encoder's,
+  nor the cross-attention's key/value projections, whose outputs prefill caches), and the KV
+  cache: ``context`` cached tokens of the decoder's own (mean over the timed steps) in every
+  self-attention layer, RedLLM's ``encoder_length`` encoder keys and values in every
+  cross-attention."""
+  leaves = [(jax.tree_util.keystr(path), x)
+            for path, x in jax.tree_util.tree_flatten_with_path(params)[0]]
+  weights = sum(x.size * x.dtype.itemsize for key, x in leaves
+                if not key.startswith("['encoder") and not _CROSS_KV.search(key))
   kv = 2 * cfg.kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize * batch
   if cfg.family == "decllm":
     return float(weights + cfg.num_layers * kv * context)

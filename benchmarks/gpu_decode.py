@@ -155,7 +155,7 @@ def _profiled_kernels(call, profile_dir: str) -> tuple[int, float]:
 
 
 def decode_rows(model_cfg, bandwidth: float, batches=(1, 8), prompt: int = 128,
-                news=(16, 80), repeats: int = 3, profile_dir: str = "") -> list[dict]:
+                news=(16, 80), repeats: int = 3, profile_dir: str = "", add=None) -> list[dict]:
   """Rows of greedy decode of ``model_cfg`` (a ModelConfig; random weights, ``prompt``-token
   random prompts) at each batch size: ms per token, the share of the HBM floor it reaches and
   the kernels per step (compiled loop body; with ``profile_dir``, first batch: a trace)."""
@@ -197,6 +197,8 @@ def decode_rows(model_cfg, bandwidth: float, batches=(1, 8), prompt: int = 128,
       row["busy_share"] = row["trace_busy_ms"] / row["step_ms"] if step_s > 0 else float("nan")
     rows.append(row)
     print(f"  {row}", flush=True)
+    if add is not None:  # Saved as it comes: a timeout keeps the rows before it.
+      add(row)
   return rows
 
 
@@ -232,11 +234,14 @@ def main(argv=None) -> list[dict]:
   if args.smoke:
     sizes.update(prompt=8, news=(2, 4), repeats=1)
   rows: list[dict] = []
-  for family in [f for f in args.families.split(",") if f]:
-    model_cfg = gpu_train.make_config(family, shape, "none", 1, False).model
-    rows += decode_rows(model_cfg, bandwidth, profile_dir=args.profile_dir, **sizes)
+
+  def add(row: dict) -> None:
+    rows.append(row)
     if args.json:
       gpu_train.save_rows(args.json, dev, rows)
+  for family in [f for f in args.families.split(",") if f]:
+    model_cfg = gpu_train.make_config(family, shape, "none", 1, False).model
+    decode_rows(model_cfg, bandwidth, profile_dir=args.profile_dir, add=add, **sizes)
   return rows
 
 

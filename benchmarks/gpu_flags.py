@@ -132,12 +132,14 @@ def _args(argv=None) -> tuple[argparse.Namespace, list[str]]:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--bench", default="decode", help="decode, train or a benchmark script path")
   ap.add_argument("--variants", default="default,no_command_buffer,command_buffer_while",
-                  help=f"comma list of {', '.join(VARIANTS)}")
+                  help=f"comma list of {', '.join(VARIANTS)}; or all")
   ap.add_argument("--timeout_s", type=float, default=90.0, help="seconds per variant")
   ap.add_argument("--json", default="", help="write every variant's rows to this JSON file")
   ap.add_argument("--smoke", action="store_true", help="pass --smoke to the benchmark")
   ap.add_argument("--check", action="store_true", help="only check that the flags parse")
   args = ap.parse_args(own)
+  if args.variants == "all":
+    args.variants = ",".join(VARIANTS)
   unknown = [v for v in args.variants.split(",") if v and v not in VARIANTS]
   if unknown:
     ap.error(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")

@@ -1,5 +1,8 @@
 """What ``gpu_train.py`` reports besides its rows: a trace's GPU kernel time by class and the
-docs/gpus.md results row."""
+docs/gpus.md results row; and, run as a script, one table of every row a GPU session saved:
+
+  python benchmarks/gpu_report.py runs/gpu_session/*.json
+"""
 from __future__ import annotations
 
 import glob
@@ -79,3 +82,31 @@ def table_row(device_kind: str, jax_version: str, date: str, rows: list[dict]) -
                       for fam in ("decllm", "redllm") for b in (1, 8))]
   return "| " + " | ".join(cells) + " |"
 
+
+
+SUMMARY_KEYS = ("row", "variant", "step_ms", "ms", "tokens_s", "mfu", "of_floor", "floor_ms",
+                "hlo_kernels", "hlo_launches", "trace_kernels", "busy_share", "tflops_s",
+                "temp_gib", "peak_gib", "compile_s", "error")
+
+
+def summary(paths: list[str]) -> str:
+  """A markdown table of the rows of the JSON files a session wrote (``--json`` of the
+  benchmarks and of ``gpu_flags.py``), each with its file, card, JAX version and date."""
+  lines = ["| file | card | JAX | date | " + " | ".join(SUMMARY_KEYS) + " |",
+           "|" + " --- |" * (len(SUMMARY_KEYS) + 4)]
+  for path in paths:
+    with open(path) as f:
+      saved = json.load(f)
+    for r in saved.get("rows", []):
+      cells = [os.path.basename(path), str(r.get("device", saved.get("device", ""))),
+               str(r.get("jax", saved.get("jax", ""))), str(r.get("date", saved.get("date", "")))]
+      for k in SUMMARY_KEYS:
+        v = r.get(k, "")
+        cells.append(f"{v:.4g}" if isinstance(v, float) else str(v).replace("|", "/"))
+      lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  import sys
+  print(summary(sys.argv[1:]))

@@ -5,7 +5,8 @@ against the HBM-bandwidth floor (``make bench-gpu``; < 8 minutes on one H100 / H
 
   python benchmarks/gpu_train.py [--steps 5] [--layers 0] [--batch 8] [--budget_s 420]
                                  [--families decllm,redllm] [--remats none,dots,full]
-                                 [--no_peer] [--no_decode]
+                                 [--no_peer] [--no_decode] [--no_packed] [--no_dense]
+                                 [--moe capacity,dropless] [--capacity_factor 1.25]
                                  [--profile_dir DIR] [--json out.json] [--smoke]
 
 Models: ``paper_model(family, "1b")`` (d2048, 16 x 128 heads, SwiGLU 8192, vocab 32768, tied;
@@ -32,9 +33,16 @@ the difference of two generation lengths (prefill and compilation cancel). Its f
 the weights read per step (RedLLM: not the encoder's) plus the KV cache at the mean context,
 over the card's HBM bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB/s).
 
+MoE (``--moe``): the feed-forwards of configs/{decllm,redllm}_1b_moe.py (64 routed experts of
+d_ff / 8, top-7, + 1 shared, the first layer dense) at the same shapes, ``dropless``
+(``jax.lax.ragged_dot``) and ``capacity`` (fixed expert buffers, ``--capacity_factor``), each
+kind for every family before the next kind; MFU counts the experts a token uses (``flops.py``),
+so an MoE row and its dense row share a yardstick. Rows that fail say why and the rest run.
+
 ``--profile_dir``: a ``jax.profiler`` trace of two steps of the fastest DecLLM setting, and the
 step's GPU time split into products, attention, collectives and the rest (by kernel name).
 ``--smoke``: a tiny shape that runs anywhere (CPU: ``xla`` attention, float32), for the tests.
+Every ``--json`` file records the card, the JAX version, the date and XLA_FLAGS.
 """
 from __future__ import annotations
 
@@ -292,6 +300,8 @@ def _args(argv=None) -> argparse.Namespace:
   ap.add_argument("--no_peer", action="store_true", help="skip the PyTorch peer")
   ap.add_argument("--no_decode", action="store_true", help="skip the decode rows")
   ap.add_argument("--no_packed", action="store_true", help="skip the packed and extra rows")
+  ap.add_argument("--no_dense", action="store_true",
+                  help="skip the dense rows (MoE rows then take the first of --remats)")
   ap.add_argument("--moe", default="", help="MoE rows after the dense ones: comma list of "
                   "dropless (ragged_dot), capacity (fixed expert buffers)")
   ap.add_argument("--capacity_factor", type=float, default=1.25,
@@ -370,7 +380,7 @@ def main(argv=None) -> list[dict]:
 
   families = [f for f in args.families.split(",") if f]
   best = {}
-  for family in families:
+  for family in [] if args.no_dense else families:
     found = search(family, shape, args.steps, peak, deadline,
                    ("full",) if args.smoke else tuple(args.remats.split(",")), add)
     if found:
@@ -384,8 +394,9 @@ def main(argv=None) -> list[dict]:
       print("  peer: torch / transformers not installed", flush=True)
     add(peer)
   kinds = [k for k in args.moe.split(",") if k]
-  for family in families if kinds else []:
-    moe_rows(family, shape, kinds, best.get(family), args.steps, peak,
+  first = {"remat": args.remats.split(",")[0]} if args.no_dense and not args.smoke else None
+  for kind, family in [(k, f) for k in kinds for f in families]:  # Each kind for both first.
+    moe_rows(family, shape, [kind], best.get(family, first), args.steps, peak,
              float("inf") if args.smoke else deadline, add)
   for family in [] if args.no_decode else families:
     if time.time() > deadline and not args.smoke:

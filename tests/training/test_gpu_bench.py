@@ -301,3 +301,17 @@ def test_train_smoke_moe_capacity_rows(bench, tmp_path):
   assert moe["params_m"] > rows[0]["params_m"] and moe["tokens_s"] > 0
   saved = json.loads((tmp_path / "rows.json").read_text())
   assert saved["device"] == "cpu" and saved["jax"] == jax.__version__ and saved["date"]
+
+
+def test_ragged_products_smoke_rows(bench):
+  from benchmarks import gpu_ragged
+  sizes = gpu_ragged.group_sizes(50, 8, 3)
+  assert sizes.sum() == 150 and sizes.shape == (8,) and (sizes <= 50).all()
+  rows = gpu_ragged.rows(50, 16, 8, 8, 3, jnp.float32, 1)
+  names = [r["row"] for r in rows]
+  assert names == ["moe products: dense GEMM, same FLOPs", "moe products: ragged_dot forward",
+                   "moe products: ragged_dot forward+backward",
+                   "moe products: capacity 1.25 batched einsum forward"]  # No Hopper kernel.
+  assert all("error" not in r and r["ms"] > 0 and r["m"] == 150 for r in rows), rows
+  assert rows[0]["flops"] == rows[1]["flops"] == 2 * 150 * 16 * 8 == rows[2]["flops"] / 3
+  assert rows[3]["flops"] == 2 * 8 * 24 * 16 * 8  # ceil(1.25 * 150 / 8) = 24 rows per expert.

@@ -5,7 +5,8 @@ against the HBM-bandwidth floor (``make bench-gpu``; < 8 minutes on one H100 / H
 
   python benchmarks/gpu_train.py [--steps 5] [--layers 0] [--batch 8] [--budget_s 420]
                                  [--families decllm,redllm] [--remats none,dots,full]
-                                 [--no_peer] [--no_decode]
+                                 [--no_peer] [--no_decode] [--no_packed] [--no_dense]
+                                 [--moe capacity,dropless] [--capacity_factor 1.25]
                                  [--profile_dir DIR] [--json out.json] [--smoke]
 
 Models: ``paper_model(family, "1b")`` (d2048, 16 x 128 heads, SwiGLU 8192, vocab 32768, tied;
@@ -32,9 +33,16 @@ the difference of two generation lengths (prefill and compilation cancel). Its f
 the weights read per step (RedLLM: not the encoder's) plus the KV cache at the mean context,
 over the card's HBM bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB/s).
 
+MoE (``--moe``): the feed-forwards of configs/{decllm,redllm}_1b_moe.py (64 routed experts of
+d_ff / 8, top-7, + 1 shared, the first layer dense) at the same shapes, ``dropless``
+(``jax.lax.ragged_dot``) and ``capacity`` (fixed expert buffers, ``--capacity_factor``), each
+kind for every family before the next kind; MFU counts the experts a token uses (``flops.py``),
+so an MoE row and its dense row share a yardstick. Rows that fail say why and the rest run.
+
 ``--profile_dir``: a ``jax.profiler`` trace of two steps of the fastest DecLLM setting, and the
 step's GPU time split into products, attention, collectives and the rest (by kernel name).
-``--smoke``: a tiny shape that runs anywhere (CPU: ``xla`` attention, float32), for the tests.
+``--smoke``: a tiny shape that runs anywhere (CPU: the reference attention core, float32), for the tests.
+Every ``--json`` file records the card, the JAX version, the date and XLA_FLAGS.
 """
 from __future__ import annotations
 
@@ -58,6 +66,7 @@ from benchmarks.gpu_decode import decode_floor_bytes, decode_rows, hbm_bandwidth
 from benchmarks.gpu_report import table_row, time_split, trace_split  # noqa: E402,F401
 from t5like import partitioning  # noqa: E402
 from t5like.config import Config, ConfigError, paper_model  # noqa: E402
+from t5like.config.moe import paper_moe  # noqa: E402
 from t5like.ops import cudnn_packed  # noqa: E402
 from t5like.training import aot, flops  # noqa: E402
 from t5like.training import state as state_lib  # noqa: E402
@@ -78,6 +87,27 @@ class Shape:
   dtype: str = "bfloat16"
   attention: str = "cudnn"
   d_model: int = 0  # 0 = the paper's 1B widths; --smoke shrinks them.
+  moe: str = ""  # "": dense; "dropless" / "capacity": configs/*_1b_moe.py's feed-forwards.
+  capacity_factor: float = 1.25  # The capacity path's model.moe.capacity_factor.
+
+
+def bench_shape(smoke: bool, gpu: bool, layers: int = 0, batch: int = 8) -> Shape:
+  """The benchmark's shape: the paper's 1B (``--smoke``: tiny widths, 2 layers: the MoE configs
+  keep their first layer dense); off a GPU float32 with the reference attention core (cuDNN: GPUs only)."""
+  shape = Shape(layers=layers, batch=batch)
+  if smoke:
+    shape = Shape(layers=2, batch=2, length=64, d_model=64)
+  if not gpu:
+    shape = dataclasses.replace(shape, dtype="float32", attention="reference")
+  return shape
+
+
+def save_rows(path: str, dev, rows: list[dict]) -> None:
+  """The rows so far, with the card, the JAX version and the date, to ``path`` (JSON)."""
+  with open(path, "w") as f:
+    json.dump({"device": dev.device_kind, "jax": jax.__version__,
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "xla_flags": os.environ.get("XLA_FLAGS", ""), "rows": rows}, f, indent=1)
 
 
 def make_config(family: str, shape: Shape, remat: str, microbatches: int,
@@ -90,6 +120,10 @@ def make_config(family: str, shape: Shape, remat: str, microbatches: int,
   if shape.layers:
     m = dataclasses.replace(m, num_layers=shape.layers, num_encoder_layers=shape.layers,
                             num_decoder_layers=shape.layers)
+  if shape.moe:  # 64 routed experts of d_ff / 8, top-7, + 1 shared: the dense model's active FFN.
+    m = dataclasses.replace(m, moe=dataclasses.replace(
+        paper_moe(m.d_ff), capacity_factor=shape.capacity_factor if shape.moe == "capacity"
+        else 0.0))
   cfg.model = dataclasses.replace(m, dtype=shape.dtype, attention_impl=shape.attention,
                                   remat_policy=remat, max_segments_per_row=0 if packed else 1)
   cfg.data.sequence_length = shape.length
@@ -174,7 +208,9 @@ def train_row(name: str, cfg: Config, steps: int, packed: bool, peak: float,
   m = cfg.model
   return {"row": name, "family": m.family, "layers": m.num_layers if m.family == "decllm" else
           f"{m.num_encoder_layers}+{m.num_decoder_layers}", "params_m": setup.num_params / 1e6,
-          "attention": m.attention_impl, "packed": packed, "remat": m.remat_policy,
+          "attention": m.attention_impl, "packed": packed,
+          "moe": ("capacity" if m.moe.capacity_factor > 0 else "dropless") if m.moe.enabled
+          else "", "remat": m.remat_policy,
           "micro": cfg.train.microbatches, "shape": f"{cfg.train.batch_size}x" + (
               f"{enc}+{dec}" if enc else f"{dec}"), "step_ms": step_s * 1e3,
           "peak_gib": aot.memory_per_device(compiled)["peak"] / GiB, "compile_s": compile_s,
@@ -186,19 +222,20 @@ def search(family: str, shape: Shape, steps: int, peak: float, deadline: float,
   """Unpacked rows over remat policies (two microbatches where one does not fit); stops early
   past ``deadline`` once one setting ran. ``add`` reports each row as it comes."""
   rows = []
+  label = f"{family} moe {shape.moe}" if shape.moe else family
   for remat in remats:
     if rows and time.time() > deadline:
       print(f"  (budget spent: remat {remat} not tried)", flush=True)
       break
     for micro in (1, 2):
       try:
-        rows.append(train_row(f"{family} remat={remat} micro={micro}",
+        rows.append(train_row(f"{label} remat={remat} micro={micro}",
                               make_config(family, shape, remat, micro, False), steps, False,
                               peak))
         add(rows[-1])
         break
       except ConfigError as e:  # Does not fit: try two microbatches, then the next policy.
-        print(f"  {family} remat={remat} micro={micro}: does not fit ({str(e)[:120]}...)",
+        print(f"  {label} remat={remat} micro={micro}: does not fit ({str(e)[:120]}...)",
               flush=True)
   return rows
 
@@ -260,10 +297,21 @@ def _args(argv=None) -> argparse.Namespace:
   ap.add_argument("--remats", default=",".join(REMAT_SEARCH), help="remat policies searched")
   ap.add_argument("--no_peer", action="store_true", help="skip the PyTorch peer")
   ap.add_argument("--no_decode", action="store_true", help="skip the decode rows")
+  ap.add_argument("--no_packed", action="store_true", help="skip the packed and extra rows")
+  ap.add_argument("--no_dense", action="store_true",
+                  help="skip the dense rows (MoE rows then take the first of --remats)")
+  ap.add_argument("--moe", default="", help="MoE rows after the dense ones: comma list of "
+                  "dropless (ragged_dot), capacity (fixed expert buffers)")
+  ap.add_argument("--capacity_factor", type=float, default=1.25,
+                  help="model.moe.capacity_factor of the capacity rows")
   ap.add_argument("--profile_dir", default="", help="trace two steps of the best DecLLM here")
   ap.add_argument("--json", default="", help="also write the rows to this JSON file")
   ap.add_argument("--smoke", action="store_true", help="tiny shapes (any device), for tests")
-  return ap.parse_args(argv)
+  args = ap.parse_args(argv)
+  bad = [m for m in args.moe.split(",") if m and m not in ("dropless", "capacity")]
+  if bad:
+    ap.error(f"--moe takes dropless and/or capacity, got {bad}")
+  return args
 
 
 def packed_row(family: str, name: str, shape: Shape, best: dict, steps: int, peak: float,
@@ -279,23 +327,43 @@ def packed_row(family: str, name: str, shape: Shape, best: dict, steps: int, pea
     return None
 
 
+def moe_rows(family: str, shape: Shape, kinds: list[str], best: dict | None, steps: int,
+             peak: float, deadline: float, add) -> None:
+  """MoE rows of ``family`` (configs/*_1b_moe.py's feed-forwards at the dense shapes): per kind
+  (dropless, capacity) the dense search's best remat, else ``full``; MFU on the FLOPs of the
+  experts a token uses (``flops.train_flops``). A kind that fails (memory, a lowering the JAX
+  lacks) gives a row saying so; the next kind still runs."""
+  remats = tuple(dict.fromkeys([best["remat"] if best else "full", "full"]))
+  for kind in kinds:
+    name = f"{family} moe {kind}"
+    if time.time() > deadline:
+      print(f"  (budget spent: {name} not run)", flush=True)
+      continue
+    try:
+      if not search(family, dataclasses.replace(shape, moe=kind), steps, peak, deadline,
+                    remats, add):
+        add({"row": name, "moe": kind, "error": "does not fit"})
+    except Exception as e:  # noqa: BLE001 -- reported as a row; the other rows still run.
+      print(f"  {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+      add({"row": name, "moe": kind, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+
+
 def main(argv=None) -> list[dict]:
   """The rows in order of what the targets need: per family the search and the packed cuDNN row,
-  the peer, decode; then, budget allowing, packed DecLLM on the reference attention core."""
+  the peer, the MoE rows (``--moe``), decode; then, budget allowing, packed DecLLM on the
+  reference attention core (what ``auto`` picks where cuDNN cannot serve a config)."""
   args = _args(argv)
   start = time.time()
   deadline = start + args.budget_s
   dev = jax.devices()[0]
   gpu = dev.platform == "gpu"
-  shape = Shape(layers=args.layers, batch=args.batch)
-  if args.smoke:
-    shape = Shape(layers=1, batch=2, length=64, d_model=64)
-  if not gpu:
-    shape = dataclasses.replace(shape, dtype="float32", attention="reference")  # cuDNN: GPUs only.
+  shape = bench_shape(args.smoke, gpu, args.layers, args.batch)
+  shape = dataclasses.replace(shape, capacity_factor=args.capacity_factor)
   peak = flops.peak_flops_per_device(0.0, shape.dtype)
   print(f"device: {dev.device_kind} ({dev.platform}); JAX {jax.__version__}; peak "
         f"{peak / 1e12:.0f} TFLOP/s; HBM {hbm_bandwidth(dev.device_kind) / 1e12:.2f} TB/s; "
-        f"layers {'paper' if not shape.layers else shape.layers}", flush=True)
+        f"layers {'paper' if not shape.layers else shape.layers}; "
+        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
   rows: list[dict] = []
 
   def add(row: dict | None) -> None:  # Printed and saved as it comes: a timeout keeps the rest.
@@ -305,41 +373,46 @@ def main(argv=None) -> list[dict]:
     if "family" in row:  # Train rows; gpu_decode prints its own.
       print(_format(row), flush=True)
     if args.json:
-      with open(args.json, "w") as f:
-        json.dump({"device": dev.device_kind, "jax": jax.__version__, "rows": rows}, f, indent=1)
+      save_rows(args.json, dev, rows)
 
   families = [f for f in args.families.split(",") if f]
   best = {}
-  for family in families:
+  for family in [] if args.no_dense else families:
     found = search(family, shape, args.steps, peak, deadline,
                    ("full",) if args.smoke else tuple(args.remats.split(",")), add)
     if found:
       best[family] = min(found, key=lambda r: r["step_ms"])
-      add(packed_row(family, f"{family} packed", shape, best[family], args.steps, peak,
-                     args.profile_dir if family == "decllm" else ""))
+      if not args.no_packed:
+        add(packed_row(family, f"{family} packed", shape, best[family], args.steps, peak,
+                       args.profile_dir if family == "decllm" else ""))
   if not args.no_peer and (gpu or args.smoke):
     peer = peer_row(shape, args.steps, peak)
     if peer is None:
       print("  peer: torch / transformers not installed", flush=True)
     add(peer)
+  kinds = [k for k in args.moe.split(",") if k]
+  first = {"remat": args.remats.split(",")[0]} if args.no_dense and not args.smoke else None
+  for kind, family in [(k, f) for k in kinds for f in families]:  # Each kind for both first.
+    moe_rows(family, shape, [kind], best.get(family, first), args.steps, peak,
+             float("inf") if args.smoke else deadline, add)
   for family in [] if args.no_decode else families:
     if time.time() > deadline and not args.smoke:
       print(f"  (budget spent: {family} decode not run)", flush=True)
       continue
     model_cfg = make_config(family, shape, "none", 1, False).model
-    small = dict(batches=(1,), prompt=8, news=(2, 4)) if args.smoke else {}
+    small = dict(batches=(1,), prompt=8, news=(2, 4), repeats=1) if args.smoke else {}
     for row in decode_rows(model_cfg, hbm_bandwidth(dev.device_kind), **small):
       add(row)
   extra = []
   if shape.attention == "cudnn":
     extra.append(("decllm packed, reference attention",
                   dataclasses.replace(shape, attention="reference")))
-  for name, s in extra if "decllm" in best else []:
+  for name, s in extra if "decllm" in best and not args.no_packed else []:
     if time.time() > deadline and not args.smoke:
       print(f"  (budget spent: {name} not run)", flush=True)
       continue
     add(packed_row("decllm", name, s, best["decllm"], args.steps, peak))
-  if args.profile_dir:
+  if args.profile_dir and not args.no_packed:
     print(f"  DecLLM packed step, GPU kernel ms over 2 steps: {trace_split(args.profile_dir)}")
   print(f"total {time.time() - start:.0f} s; docs/gpus.md row:", flush=True)
   print(table_row(dev.device_kind, jax.__version__, time.strftime("%Y-%m-%d"), rows))

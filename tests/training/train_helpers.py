@@ -107,7 +107,7 @@ def read_metrics(workdir: str) -> list[dict]:
 
 
 def losses_by_step(workdir: str) -> dict[int, list[float]]:
-  """Every logged train loss per step (a step appears twice if it was re-run after a crash)."""
+  """Every logged train loss per step (a resumed run replaces the rows past its checkpoint)."""
   out: dict[int, list[float]] = {}
   for rec in read_metrics(workdir):
     if "loss" in rec:

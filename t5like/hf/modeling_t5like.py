@@ -14,7 +14,10 @@ Shipped with every model that ``python -m t5like.tools.export_hf`` writes; load 
 
 Every computation follows t5like's JAX model (``t5like/models``): exported logits equal the JAX
 model's in float32 (``tests/hf``). Attention is computed here in plain PyTorch (no fused
-backends), masks from ``attention_mask`` (1 = token, 0 = padding, left or right).
+backends), masks from ``attention_mask`` (1 = token, 0 = padding, left or right). Without one,
+DecLLM's ``forward`` attends over every position and its ``generate()`` infers the mask from the
+ids (the last of a row's leading zeros is the BOS, the zeros before it left padding;
+``mask_without_bos_padding``); RedLLM's encoder masks id 0 (padding, as in t5like).
 """
 import torch
 import torch.nn.functional as F
@@ -66,6 +69,18 @@ def rope(x, positions, max_wavelength):
   x32 = x.float()
   x1, x2 = x32[..., :half], x32[..., half:]
   return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def mask_without_bos_padding(input_ids, bos_id):
+  """The attention mask of DecLLM rows ``[pad...] + [BOS] + prompt`` where padding and BOS share
+  one id (seqio's 0): in each row's leading run of ``bos_id``, the last one is the BOS (1) and the
+  ones before it are left padding (0); any later ``bos_id`` (right padding; text never encodes to
+  it) is padding too. A row that does not start with ``bos_id`` has no padding in front."""
+  is_id = input_ids == bos_id
+  leading = is_id.long().cumprod(-1).bool()  # The leading run of bos_id.
+  run = leading.sum(-1, keepdim=True)  # Its length; the BOS sits at run - 1.
+  bos = torch.arange(input_ids.shape[-1], device=input_ids.device)[None] == run - 1
+  return (~is_id | bos).long()
 
 
 def positions_from_mask(mask, length):
@@ -305,6 +320,16 @@ class DecLLMForCausalLM(T5LikePreTrainedModel, GenerationMixin):
     return _output(CausalLMOutputWithPast, loss=loss, logits=logits,
                    cache=cache if use_cache else None)
 
+  def _prepare_attention_mask_for_generation(self, inputs_tensor, *args, **kwargs):
+    """The mask ``generate()`` infers when the caller passes none. transformers' own rule,
+    ``input_ids != pad_token_id``, would mask the BOS, which is the pad id (0) here: the BOS is
+    told from left padding as the last of each row's leading zeros instead."""
+    pad, bos = self.config.pad_token_id, self.config.bos_token_id
+    if (pad is None or pad != bos or inputs_tensor.dim() != 2
+        or inputs_tensor.dtype not in (torch.int32, torch.int64)):
+      return super()._prepare_attention_mask_for_generation(inputs_tensor, *args, **kwargs)
+    return mask_without_bos_padding(inputs_tensor, bos)
+
   def prepare_inputs_for_generation(self, *args, **kwargs):
     inputs = super().prepare_inputs_for_generation(*args, **kwargs)
     cache = inputs.get("cache", inputs.get("past_key_values"))
@@ -313,6 +338,14 @@ class DecLLMForCausalLM(T5LikePreTrainedModel, GenerationMixin):
       mask = inputs.get("attention_mask")  # Left out by generate() where there is no padding.
       inputs["prefix_mask"] = torch.ones_like(inputs["input_ids"]) if mask is None else mask
     return inputs
+
+
+def _encoder_mask(config, input_ids, x):
+  """RedLLM's encoder mask when none is given: every id but padding (t5like's encoder reads id 0
+  as padding; a prompt never holds it, the tokenizer adds no BOS)."""
+  if input_ids is None:
+    return torch.ones(x.shape[:2], dtype=torch.long, device=x.device)
+  return (input_ids != config.pad_token_id).long()
 
 
 class RedLLMEncoder(T5LikePreTrainedModel):
@@ -328,7 +361,7 @@ class RedLLMEncoder(T5LikePreTrainedModel):
   def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs):
     x = self._embed(input_ids) if inputs_embeds is None else inputs_embeds
     if attention_mask is None:
-      attention_mask = torch.ones(x.shape[:2], dtype=torch.long, device=x.device)
+      attention_mask = _encoder_mask(self.config, input_ids, x)
     valid = attention_mask.bool()
     mask = (valid[:, :, None] & valid[:, None, :])[:, None]
     positions = positions_from_mask(attention_mask, x.shape[1])
@@ -403,6 +436,16 @@ class RedLLMForConditionalGeneration(T5LikePreTrainedModel, GenerationMixin):
   def get_encoder(self, modality=None):
     return self.model.encoder
 
+  def _maybe_prepare_encoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, *args,
+                                                    **kwargs):
+    """``generate()`` without a mask: padding masked in the encoder and in every decoding step's
+    cross-attention (transformers infers no mask for encoder-decoders)."""
+    if (model_kwargs.get("attention_mask") is None and model_kwargs.get("encoder_outputs") is None
+        and inputs_tensor.dim() == 2 and not inputs_tensor.is_floating_point()):
+      model_kwargs["attention_mask"] = _encoder_mask(self.config, inputs_tensor, inputs_tensor)
+    return super()._maybe_prepare_encoder_kwargs_for_generation(inputs_tensor, model_kwargs,
+                                                                *args, **kwargs)
+
   def prepare_decoder_input_ids_from_labels(self, labels):
     """Labels shifted right behind ``decoder_start_token_id`` (-100 read as padding)."""
     start = torch.full_like(labels[:, :1], self.config.decoder_start_token_id)
@@ -419,7 +462,7 @@ class RedLLMForConditionalGeneration(T5LikePreTrainedModel, GenerationMixin):
     encoded = encoder_outputs[0] if isinstance(encoder_outputs, tuple) else \
         encoder_outputs.last_hidden_state
     if attention_mask is None:
-      attention_mask = torch.ones(encoded.shape[:2], dtype=torch.long, device=encoded.device)
+      attention_mask = _encoder_mask(self.config, input_ids, encoded)
     if decoder_input_ids is None:
       if labels is None:
         raise ValueError("RedLLM needs decoder_input_ids or labels")

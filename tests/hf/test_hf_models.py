@@ -190,3 +190,42 @@ def test_tokenizer_ids_are_seqio_vocabularys(tokenizer):
   assert tok.decode([0]) == "<pad>"  # lm-eval looks for a BOS text to avoid adding a second.
   assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2)
   assert len(tok) == vocab.vocab_size == 8192  # No extra ids.
+
+
+def _new_tokens(hf, ids, out):
+  start = 1 if hf.config.is_encoder_decoder else ids.shape[1]
+  return out[:, start:].tolist()
+
+
+def test_generate_without_a_mask_equals_t5likes(pair):
+  """``generate(input_ids)`` with no attention mask — one prompt at a time, and a padded batch —
+  gives t5like's greedy tokens, as with the tokenizer's mask: DecLLM's BOS (id 0, also the pad id)
+  is not mistaken for padding. DecLLM batches are left-padded (generation continues after each
+  row's last token), RedLLM's encoder inputs either way."""
+  model, hf, tok, _ = pair
+  encdec = hf.config.is_encoder_decoder
+  prompts = [get_vocabulary("").encode(t) for t in TEXTS]
+  want = generate(model, prompts, max_new_tokens=12, eos_id=-1)
+  kwargs = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, eos_token_id=None)
+  with torch.no_grad():
+    for text, w in zip(TEXTS, want):
+      ids = tok(text, return_tensors="pt").input_ids
+      assert _new_tokens(hf, ids, hf.generate(ids, **kwargs)) == [w]
+    for side in ("left", "right") if encdec else ("left",):
+      tok.padding_side = side
+      try:
+        batch = tok(TEXTS, return_tensors="pt", padding=True)
+      finally:
+        tok.padding_side = "right" if encdec else "left"
+      assert (batch.attention_mask == 0).any()  # Padding there to be told from the BOS.
+      ids = batch.input_ids
+      assert _new_tokens(hf, ids, hf.generate(ids, **kwargs)) == want, side
+      assert _new_tokens(hf, ids, hf.generate(**batch, **kwargs)) == want, side
+  if not encdec:  # A forward without a mask still attends everywhere, leading zeros included
+    tokens = np.asarray([[0, 0, 0, 17, 230, 4001, 9, 77]], np.int32)  # (lm-eval's scoring calls).
+    batch = {"decoder_input_tokens": jnp.asarray(tokens)}
+    if model.cfg.decoder_attention == "prefix":  # No prefix flagged: causal.
+      batch["decoder_causal_attention"] = jnp.zeros_like(batch["decoder_input_tokens"])
+    with torch.no_grad():
+      close(hf(torch.tensor(tokens).long()).logits.numpy(), np.asarray(model(batch)))
+

@@ -7,9 +7,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow test-aot test-gpu bench-gpu test-hf test-t5 tpu-table bench clean
+.PHONY: install demo test test-slow test-aot test-gpu bench-gpu test-hf test-t5 test-beam tpu-table bench clean
 
-$(STAMP): pyproject.toml setup.py $(wildcard t5like/kernels/*.cc t5like/kernels/*.h)  # Kernels: built at install.
+$(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
@@ -20,19 +20,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m t5like.demo
 
-# The test processes' heap on huge pages, as the CLIs arrange for themselves at start-up
-# (t5like/runtime.py: XLA:CPU's fresh buffers otherwise pay a page fault per 4 KiB; the suite
-# ran 7:35 instead of 9:23). Ignored by glibc < 2.35; T5LIKE_HUGE_PAGES=0 leaves it out.
-HUGE_PAGES := $(if $(filter 0,$(T5LIKE_HUGE_PAGES)),,GLIBC_TUNABLES=$(if $(GLIBC_TUNABLES),$(GLIBC_TUNABLES):)glibc.malloc.hugetlb=1)
-
 # Two pytest workers (pytest-xdist): most of a test's time is single-threaded XLA compilation.
 # --dist loadscope: a module stays on one worker, so its module-scoped fixtures run once.
 test: $(STAMP)
-	$(HUGE_PAGES) $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Longer end-to-end checks (marked `slow`), excluded from `make test`.
 test-slow: $(STAMP)
-	$(HUGE_PAGES) $(PY) -m pytest -q -p no:cacheprovider -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m slow $(PYTEST_ARGS)
 
 # An environment of its own with one more extra of pyproject.toml ($(1): its folder, $(2): the
 # extra), for the accelerator stacks that the default environment leaves out.
@@ -94,6 +89,16 @@ $(T5_VENV)/.installed: pyproject.toml
 test-t5: $(T5_VENV)/.installed
 	$(T5_PY) -m pytest -q -p no:cacheprovider -m t5check tests/t5check $(PYTEST_ARGS)
 
+# Corpus caches built on Beam (marked `beam`; t5like/tools/cache_data.py, multi-process
+# DirectRunner): apache-beam needs protobuf < 7, hence sentencepiece 0.2.2 (`.[beam]`).
+BEAM_VENV ?= .venv-beam
+BEAM_PY := $(BEAM_VENV)/bin/python
+BEAM_STAMP := $(BEAM_VENV)/.installed
+$(eval $(call extra_venv,$(BEAM_VENV),beam))
+
+test-beam: $(BEAM_STAMP)
+	$(BEAM_PY) -m pytest -q -p no:cacheprovider -m beam $(PYTEST_ARGS)
+
 # The paper table of docs/pods.md: every paper config compiled for v5p-128 and v5e-256 (a few
 # hours on 2 cores; resumes from runs/tpu_table.json).
 tpu-table: $(TPU_STAMP)
@@ -106,4 +111,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/decode_throughput.py
 
 clean:
-	rm -rf $(VENV) $(TPU_VENV) $(HF_VENV) $(T5_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(TPU_VENV) $(HF_VENV) $(T5_VENV) $(BEAM_VENV) runs .pytest_cache

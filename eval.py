@@ -65,10 +65,16 @@ def _main(argv: list[str]) -> int:
                       help="--suite tasks: longest context in tokens")
   parser.add_argument("--on_long", choices=("truncate", "error"), default="truncate",
                       help="--suite tasks: cut longer contexts from the left, or fail the task")
+  parser.add_argument("--config", default=None, help=argparse.SUPPRESS)  # Refused, with a hint.
   from t5like.inference import cli as generation_cli
   generation_cli.add_arguments(parser)
   cli.add_debug_argument(parser)
   args, overrides = cli.parse(parser, argv)
+  if args.config is not None:
+    from t5like.config import ConfigError
+    raise ConfigError(f"eval.py takes no --config {args.config}: it reads the config stored with "
+                      "the checkpoint in --workdir; change a setting with --config.key=value, "
+                      "e.g. --config.data.objective=prefix")
 
   from t5like import runtime
   from t5like.config import Config, apply_overrides
@@ -110,13 +116,14 @@ def _suite(args, overrides) -> int:
                       output_dir=out, step=args.step, task_paths=args.tasks, shots=shots,
                       max_batches=args.max_batches or 8, max_context=args.max_context,
                       on_long=args.on_long, expert_tokens=args.tokens)
+  from t5like.evaluation.suite import all_plots, check_failures
   print((epath.Path(out) / "report.md").read_text())
-  print(f"report: {out}/report.md, results: {out}/results.json, plots: {results['plots']}")
+  print(f"report: {out}/report.md, results: {out}/results.json, plots: {all_plots(results)}")
+  check_failures(results, out)  # A suite that failed fails the command (after the report).
   return 0
 
 
 if __name__ == "__main__":
   from t5like import runtime
   runtime.libtpu_init_args()  # Before JAX: libtpu's compiler stacks (t5like/runtime.py).
-  runtime.reexec_with_huge_pages()  # Before JAX: huge pages for XLA:CPU's buffers.
   sys.exit(main())

@@ -63,6 +63,8 @@ def _main(argv: list[str]) -> int:
   workdir = args.workdir or os.path.join("runs", name)
   from t5like.training import run
   result = run(cfg, workdir)
+  if result.get("stopped_by") == "Ctrl-C":  # Saved and said so (one line): not a finished run.
+    return cli.EXIT_INTERRUPTED
   summary = {k: result.get(k) for k in (
       "step", "loss", "eval_loss", "eval_accuracy", "tokens_per_sec", "mfu", "preempted")}
   print(json.dumps(summary, indent=2, default=str))
@@ -85,5 +87,4 @@ def _compile_only(cfg, args) -> int:
 if __name__ == "__main__":
   from t5like import runtime
   runtime.libtpu_init_args()  # Before JAX: libtpu's compiler stacks (t5like/runtime.py).
-  runtime.reexec_with_huge_pages()  # Before JAX: huge pages for XLA:CPU's buffers.
   sys.exit(main())

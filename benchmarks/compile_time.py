@@ -19,7 +19,7 @@ and after XLA (the optimised per-device HLO). The compiled program's temporaries
 XLA's cost analysis (bytes accessed; the step-time estimate ``optimal_seconds`` where the backend
 gives one: XLA:TPU does for the paper configs, not for every program; both count a scanned
 layer body once) compare variants of a config without the accelerator, e.g.
-``--config.model.ops=xla`` against ``reference``. ``--eval`` does the same for the eval step,
+``--config.model.attention_impl=reference`` against ``auto``. ``--eval`` does the same for the eval step,
 which a run compiles at its first evaluation (and ``--compile_only`` after the train step). The
 persistent compilation cache is off here: every number is a cold compile. ``--baseline`` also
 compiles a plain scanned step of each config's shapes (``compile_baseline.py``: a decoder for

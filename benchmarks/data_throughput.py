@@ -4,11 +4,16 @@ cores a host needs to feed its chips; cold start and mid-epoch resume times.
   python benchmarks/data_throughput.py                          # generated paper-shaped corpus
   python benchmarks/data_throughput.py --sources jsonl,tfds --batches 100
   python benchmarks/data_throughput.py --embedded               # the embedded corpora instead
+  python benchmarks/data_throughput.py --sources jsonl,cache     # from a cache beside on the fly
+  python benchmarks/data_throughput.py --smoke                   # a few batches: does it run
 
 The corpus is generated once into ``--corpus_dir`` by `t5like.tools.make_paper_corpus` (7
 RedPajama subsets with hundreds of shards, ``--flan_tasks`` FLAN tasks of 10-10,000 examples,
-``.jsonl.zst``); ``tfds`` rows convert it once (one process per subset) into
-``<corpus_dir>/tfds``. Every row reads through `t5like.data.pipeline.make_iterator`, as training
+``.jsonl.zst``); ``tfds`` rows convert it once (in this process) into ``<corpus_dir>/tfds``;
+``cache`` rows read the seqio cache of `t5like.tools.cache_data` (``data.cache_dir``), built
+once into ``<corpus_dir>/cache`` (on Beam's DirectRunner when apache-beam is installed, else
+file by file here), and so compare tokens/s per host from the cache with tokenising on the fly
+for the same mixtures in one run. Every row reads through `t5like.data.pipeline.make_iterator`, as training
 does, with the data settings of the paper presets (`t5like.config.presets`: stream chunking,
 RedLLM 1024+1024, FLAN 2048+512 with one pipeline per sub-mixture and counts from the cache next
 to the data) and the embedded 8,192-piece vocabulary. ``--flan_grouping task`` measures FLAN with
@@ -119,9 +124,39 @@ def _prepare(corpus_dir: str, args) -> None:
   prepare_data.main(["--data_dir", os.path.join(corpus_dir, "flan"), "--corpus", "flan"])
   print(f"FLAN counts ready in {time.time() - t:.1f}s", file=sys.stderr)
   if "tfds" in args.sources:
-    for corpus in ("redpajama", "flan"):
-      prepare_data.main(["--data_dir", os.path.join(corpus_dir, corpus), "--corpus", corpus,
-                         "--tfds_data_dir", os.path.join(corpus_dir, "tfds")])
+    from t5like.data import tfds_builder  # pylint: disable=g-import-not-at-top
+    tfds_dir = os.path.join(corpus_dir, "tfds")
+    tfds_builder.prepare_redpajama(os.path.join(corpus_dir, "redpajama"), tfds_dir)
+    tfds_builder.prepare_flan(os.path.join(corpus_dir, "flan"), tfds_dir)
+
+
+def _cache(cfg: Config, cache_dir: str, built: set) -> None:
+  """Builds the cache of ``cfg``'s corpus into ``cache_dir`` once (Beam if installed)."""
+  from t5like.data import caching, tasks  # pylint: disable=g-import-not-at-top
+
+  d = cfg.data
+  corpus = d.mixture.split(".")[0].split(":")[0]
+  if corpus in built:
+    return
+  overrides = [f"data.vocab_path={d.vocab_path}", f"data.flan_grouping={d.flan_grouping}",
+               f"data.flan_example_cap={d.flan_example_cap}"]
+  spec = tasks.cache_spec({"redpajama_v1": "redpajama"}.get(corpus, corpus), d.data_dir,
+                          d.validation_dir, overrides)
+  t = time.time()
+  try:
+    from t5like.tools import cache_data  # pylint: disable=g-import-not-at-top
+    import apache_beam  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    cache_data.run(spec, cache_dir, ["--direct_running_mode=multi_processing",
+                                     f"--direct_num_workers={len(os.sched_getaffinity(0))}"])
+  except ImportError:
+    import seqio  # pylint: disable=g-import-not-at-top
+    tasks.register(spec)
+    names = [n for n in seqio.TaskRegistry.names() if tasks.spec_of_task(n) == spec]
+    kept = [n for n in names if os.path.exists(os.path.join(
+        cache_dir, caching.cache_name(n), caching.COMPLETED))]
+    caching.build(spec, [n for n in names if n not in kept], cache_dir)
+  built.add(corpus)
+  print(f"cache of {corpus} ready in {time.time() - t:.0f}s", file=sys.stderr)
 
 
 def main(argv=None) -> None:
@@ -131,7 +166,9 @@ def main(argv=None) -> None:
   parser.add_argument("--scale", type=float, default=0.05, help="RedPajama size when generating")
   parser.add_argument("--flan_tasks", type=int, default=1600)
   parser.add_argument("--embedded", action="store_true", help="read the embedded corpora")
-  parser.add_argument("--sources", default="jsonl", help="comma-separated: jsonl,tfds")
+  parser.add_argument("--sources", default="jsonl", help="comma-separated: jsonl,tfds,cache")
+  parser.add_argument("--smoke", action="store_true",
+                      help="embedded corpora, 2 batches of 2 after 1 warm-up: checks it runs")
   parser.add_argument("--batch_size", type=int, default=8)
   parser.add_argument("--warmup", type=int, default=20)
   parser.add_argument("--batches", type=int, default=50)
@@ -141,6 +178,11 @@ def main(argv=None) -> None:
                       help="FLAN pipelines ('' = the preset's: one per sub-mixture)")
   args = parser.parse_args(argv)
   args.sources = [s for s in args.sources.split(",") if s]
+  if args.smoke:
+    args.embedded, args.batch_size, args.warmup, args.batches = True, 2, 1, 2
+  cache_dir = os.path.join(tempfile.gettempdir(), "t5like_embedded_cache") if args.embedded else (
+      os.path.join(args.corpus_dir, "cache"))
+  built: set = set()
   if not args.embedded:
     _prepare(args.corpus_dir, args)
 
@@ -157,9 +199,12 @@ def main(argv=None) -> None:
         d.data_dir = os.path.join(args.corpus_dir, corpus)
         d.tfds_data_dir = os.path.join(args.corpus_dir, "tfds")
       d.vocab_path, cfg.model.vocab_size = str(vocab.EMBEDDED_VOCAB), vocab.EMBEDDED_VOCAB_SIZE
-      d.source = source
+      d.source = "jsonl" if source == "cache" else source
       if args.flan_grouping:
         d.flan_grouping = args.flan_grouping
+      if source == "cache":
+        _cache(cfg, cache_dir, built)
+        d.cache_dir = cache_dir
       rows.append((f"{label}, {source}", measure(cfg.validate(), args.batch_size, args.warmup,
                                                  args.batches)))
       # Each row as soon as it is measured: a run stopped later (memory, time) keeps it.
@@ -187,6 +232,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-  from t5like import runtime
-  runtime.reexec_with_huge_pages()  # What the CLIs run with (t5like/runtime.py).
   main()

@@ -2,7 +2,7 @@
 """KV-cache generation speed of DecLLM and RedLLM at (about) equal parameters, on this machine.
 
   python benchmarks/decode_throughput.py [--cases 1x128+64,8x128+64,8x512+128] [--repeats 3]
-                                         [--dtype float32] [--peer] [--xla_kernels]
+                                         [--dtype float32] [--peer]
 
 Shapes of the small comparison models (docs/performance.md): d512, 8 x 64 heads, SwiGLU 1408,
 vocab 8192; DecLLM 4 layers, RedLLM 2 encoder + 2 decoder layers. Each case is
@@ -21,9 +21,7 @@ vocab 8192; DecLLM 4 layers, RedLLM 2 encoder + 2 decoder layers. Each case is
 
 ``--peer`` adds Hugging Face transformers' ``LlamaForCausalLM.generate`` (greedy, KV cache) on
 PyTorch at the DecLLM shapes, when torch and transformers are installed (never a dependency of
-t5like), and prints t5like's ratio to it. ``--xla_kernels`` adds t5like rows on XLA's own
-operations instead of the CPU kernels (``model.ops="xla_cpu"`` rather than the default
-``cpu_kernels``, t5like/ops), in the same run.
+t5like), and prints t5like's ratio to it.
 """
 from __future__ import annotations
 
@@ -41,7 +39,6 @@ from flax import nnx  # noqa: E402
 
 from benchmarks import timing  # noqa: E402
 from benchmarks.train_throughput import peer_device  # noqa: E402  (PyTorch where JAX runs)
-from t5like import runtime  # noqa: E402
 from t5like.config.model import ModelConfig  # noqa: E402
 from t5like.evaluation.cost import inference_flops  # noqa: E402
 from t5like.inference import generation as gen  # noqa: E402
@@ -86,11 +83,8 @@ class System(NamedTuple):
   row: Callable[[float], dict]
 
 
-def t5like_system(family: str, dtype: str, batch: int, prompt: int, new: int, repeats: int,
-                  xla_kernels: bool = False) -> System:
+def t5like_system(family: str, dtype: str, batch: int, prompt: int, new: int, repeats: int) -> System:
   cfg = small_model_config(family, dtype)
-  if xla_kernels:
-    cfg.ops = "xla_cpu"
   model = build_model(cfg, nnx.Rngs(0))
   params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   rng = np.random.RandomState(0)
@@ -102,7 +96,7 @@ def t5like_system(family: str, dtype: str, batch: int, prompt: int, new: int, re
 
   def row(total: float) -> dict:
     pre = prefill_seconds(generator, prompts, new, repeats)
-    return {"system": f"t5like {family}" + (" (XLA ops)" if xla_kernels else ""),
+    return {"system": f"t5like {family}",
             "dtype": dtype, "params_m": params / 1e6, "case": f"{batch}x{prompt}+{new}",
             "prefill_tok_s": batch * prompt / pre,
             "decode_tok_s": batch * new / max(total - pre, 1e-9),
@@ -159,8 +153,6 @@ def main() -> None:
   timing.add_dtype_flag(parser, "float32", several=True)
   timing.add_repeats_flag(parser, 3, "alternating rounds (calls of each system)")
   parser.add_argument("--peer", action="store_true", help="also time transformers generate")
-  parser.add_argument("--xla_kernels", action="store_true",
-                      help="also time t5like with XLA's operations instead of the CPU kernels")
   args = parser.parse_args()
   rows = []
   for dtype in args.dtype.split(","):
@@ -169,8 +161,6 @@ def main() -> None:
       systems = []
       for family in ("decllm", "redllm"):
         systems.append(t5like_system(family, dtype, batch, prompt, new, args.repeats))
-        if args.xla_kernels:
-          systems.append(t5like_system(family, dtype, batch, prompt, new, args.repeats, True))
       if args.peer:
         peer = peer_system(dtype, batch, prompt, new)
         if peer is None:
@@ -183,7 +173,6 @@ def main() -> None:
       for r in rows[start:]:  # As measured: a cut-off run keeps its rows.
         print(f"  {r['system']} {dtype} {case}: {r['new_tok_s']:,.0f} new tokens/s",
               file=sys.stderr, flush=True)
-  print(runtime.huge_pages_state())
   print(f"| system | dtype | params (M) | batch x prompt + new | prefill tok/s | decode tok/s "
         f"| new tok/s | GFLOP/seq |")
   print("|---|---|---|---|---|---|---|---|")
@@ -200,5 +189,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  runtime.reexec_with_huge_pages()  # What the CLIs run with (t5like/runtime.py).
   main()

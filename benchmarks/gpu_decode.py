@@ -163,7 +163,7 @@ def decode_rows(model_cfg, bandwidth: float, batches=(1, 8), prompt: int = 128,
 
   from t5like.inference import generation as gen
   from t5like.models import build_model
-  cfg = dataclasses.replace(model_cfg, attention_impl="xla")  # Decoding reads a KV cache.
+  cfg = dataclasses.replace(model_cfg, attention_impl="reference")  # Decoding reads a KV cache.
   family = cfg.family
   generator = gen.Generator(build_model(cfg, nnx.Rngs(0)))
   params = generator._params  # What a decode step reads (the decode layout's dtypes).

@@ -67,9 +67,8 @@ def table_row(device_kind: str, jax_version: str, date: str, rows: list[dict]) -
     found = [r for r in rows if pred(r)]
     return fmt(min(found, key=lambda r: r["step_ms"])) if found else "-"
   train = lambda fam, packed: lambda r: (  # noqa: E731
-      r.get("family") == fam and r.get("packed") is packed and r.get("attention") != "xla"
-      and not r.get("moe") and "step_ms" in r
-      and r.get("ops", "auto") == "auto" and not r["row"].startswith("peer"))
+      r.get("family") == fam and r.get("packed") is packed and r.get("attention") != "reference"
+      and not r.get("moe") and "step_ms" in r and not r["row"].startswith("peer"))
   tok = lambda r: f"{r['tokens_s'] / 1e3:.0f}k"  # noqa: E731
   mfu = lambda r: f"{100 * r['mfu']:.0f} % / {tok(r)}"  # noqa: E731
   dec = lambda r: f"{r['step_ms']:.2f} ({100 * r['of_floor']:.0f} %)"  # noqa: E731

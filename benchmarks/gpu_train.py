@@ -16,8 +16,8 @@ optimizer), ``attention_impl="cudnn"``; DecLLM rows of 2048 tokens, RedLLM 1024 
 For each family a small search (remat ``none`` / ``dots`` / ``full``, two microbatches where one
 does not fit) picks the fastest setting on unpacked rows; the packed row (documents of ~512
 tokens packed with segment ids: cuDNN's packed layout) uses it. Then the peer and decode; last,
-budget allowing, packed DecLLM on ``xla`` attention (what packed training ran before) and on the
-reference ops. Rows are printed and saved (``--json``) as they come.
+budget allowing, packed DecLLM on the reference attention core (what ``auto`` picks where
+cuDNN cannot serve a config). Rows are printed and saved (``--json``) as they come.
 
 Counting (docs/flops.md, ``flops.train_flops``): every position of a row counts as a token, MFU
 is model FLOPs per second over the card's dense bf16 peak (``flops.peak_flops_per_device``: H100
@@ -41,7 +41,7 @@ so an MoE row and its dense row share a yardstick. Rows that fail say why and th
 
 ``--profile_dir``: a ``jax.profiler`` trace of two steps of the fastest DecLLM setting, and the
 step's GPU time split into products, attention, collectives and the rest (by kernel name).
-``--smoke``: a tiny shape that runs anywhere (CPU: ``xla`` attention, float32), for the tests.
+``--smoke``: a tiny shape that runs anywhere (CPU: ``reference`` attention, float32), for tests.
 Every ``--json`` file records the card, the JAX version, the date and XLA_FLAGS.
 """
 from __future__ import annotations
@@ -87,19 +87,18 @@ class Shape:
   dtype: str = "bfloat16"
   attention: str = "cudnn"
   d_model: int = 0  # 0 = the paper's 1B widths; --smoke shrinks them.
-  ops: str = "auto"  # model.ops: `auto` is `xla` on a GPU; a `reference` row compares the forms.
   moe: str = ""  # "": dense; "dropless" / "capacity": configs/*_1b_moe.py's feed-forwards.
   capacity_factor: float = 1.25  # The capacity path's model.moe.capacity_factor.
 
 
 def bench_shape(smoke: bool, gpu: bool, layers: int = 0, batch: int = 8) -> Shape:
   """The benchmark's shape: the paper's 1B (``--smoke``: tiny widths, 2 layers: the MoE configs
-  keep their first layer dense); off a GPU float32 with ``xla`` attention (cuDNN: GPUs only)."""
+  keep their first layer dense); off a GPU float32 with ``reference`` attention (cuDNN: GPUs only)."""
   shape = Shape(layers=layers, batch=batch)
   if smoke:
     shape = Shape(layers=2, batch=2, length=64, d_model=64)
   if not gpu:
-    shape = dataclasses.replace(shape, dtype="float32", attention="xla")
+    shape = dataclasses.replace(shape, dtype="float32", attention="reference")
   return shape
 
 
@@ -126,8 +125,7 @@ def make_config(family: str, shape: Shape, remat: str, microbatches: int,
         paper_moe(m.d_ff), capacity_factor=shape.capacity_factor if shape.moe == "capacity"
         else 0.0))
   cfg.model = dataclasses.replace(m, dtype=shape.dtype, attention_impl=shape.attention,
-                                  remat_policy=remat, max_segments_per_row=0 if packed else 1,
-                                  ops=shape.ops)
+                                  remat_policy=remat, max_segments_per_row=0 if packed else 1)
   cfg.data.sequence_length = shape.length
   cfg.data.inputs_length = cfg.data.targets_length = shape.length // 2
   cfg.data.pack = packed
@@ -210,7 +208,7 @@ def train_row(name: str, cfg: Config, steps: int, packed: bool, peak: float,
   m = cfg.model
   return {"row": name, "family": m.family, "layers": m.num_layers if m.family == "decllm" else
           f"{m.num_encoder_layers}+{m.num_decoder_layers}", "params_m": setup.num_params / 1e6,
-          "attention": m.attention_impl, "ops": m.ops, "packed": packed,
+          "attention": m.attention_impl, "packed": packed,
           "moe": ("capacity" if m.moe.capacity_factor > 0 else "dropless") if m.moe.enabled
           else "", "remat": m.remat_policy,
           "micro": cfg.train.microbatches, "shape": f"{cfg.train.batch_size}x" + (
@@ -352,9 +350,8 @@ def moe_rows(family: str, shape: Shape, kinds: list[str], best: dict | None, ste
 
 def main(argv=None) -> list[dict]:
   """The rows in order of what the targets need: per family the search and the packed cuDNN row,
-  the peer, the MoE rows (``--moe``), decode; then, budget allowing, packed DecLLM on `xla`
-  attention (what packed training ran before) and on the reference ops (whether `auto` should
-  pick them on a GPU)."""
+  the peer, the MoE rows (``--moe``), decode; then, budget allowing, packed DecLLM on the
+  reference attention core."""
   args = _args(argv)
   start = time.time()
   deadline = start + args.budget_s
@@ -406,9 +403,10 @@ def main(argv=None) -> list[dict]:
     small = dict(batches=(1,), prompt=8, news=(2, 4), repeats=1) if args.smoke else {}
     for row in decode_rows(model_cfg, hbm_bandwidth(dev.device_kind), **small):
       add(row)
-  extra = [("decllm packed, reference ops", dataclasses.replace(shape, ops="reference"))]
+  extra = []
   if shape.attention == "cudnn":
-    extra.insert(0, ("decllm packed, xla attention", dataclasses.replace(shape, attention="xla")))
+    extra.append(("decllm packed, reference attention",
+                  dataclasses.replace(shape, attention="reference")))
   for name, s in extra if "decllm" in best and not args.no_packed else []:
     if time.time() > deadline and not args.smoke:
       print(f"  (budget spent: {name} not run)", flush=True)

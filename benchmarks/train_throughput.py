@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import jax  # noqa: E402
 
 from benchmarks import timing  # noqa: E402
-from t5like import partitioning, runtime  # noqa: E402
+from t5like import partitioning  # noqa: E402
 from t5like.config import Config  # noqa: E402
 from t5like.config.presets import BENCHMARK_CONFIGS as CONFIGS  # noqa: E402
 from t5like.config.presets import BENCHMARK_FIXED_DTYPE as FIXED_DTYPE  # noqa: E402
@@ -273,7 +273,7 @@ def _print_table(rows: list[dict], args) -> None:
   print(f"\ndevice: {jax.devices()[0].device_kind} x {jax.device_count()}; "
         f"FLOPs: docs/flops.md convention; median of {args.steps} steps"
         f"{', alternating rounds' if args.alternate else ' (medium: 3)'}; "
-        f"f32 matmul peak measured here {peak / 1e9:.0f} GFLOP/s; {runtime.huge_pages_state()}"
+        f"f32 matmul peak measured here {peak / 1e9:.0f} GFLOP/s"
         "\n")
   head = ("config", "family", "params (M)", "dtype", "batch x len", "step ms", "tokens/s",
           "GFLOP/s", "MFU", "compile s")
@@ -320,5 +320,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  runtime.reexec_with_huge_pages()  # What the CLIs run with (t5like/runtime.py).
   main()

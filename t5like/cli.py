@@ -20,6 +20,7 @@ from t5like.errors import UserError
 
 DEBUG_ENV = "T5LIKE_DEBUG"
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report it (128 + SIGINT).
 OVERRIDE_FORM = "--config.key=value, e.g. --config.train.steps=10"
 
 
@@ -81,17 +82,38 @@ def print_error(error: BaseException, debug: bool = False) -> None:
   print(text + hint, file=sys.stderr, flush=True)
 
 
+class MissingDependency(UserError):
+  """A third-party package the command needs is not installed in this interpreter."""
+
+  def __init__(self, error: ModuleNotFoundError):
+    root = (error.name or "?").split(".")[0]
+    super().__init__(
+        f"the Python package {root!r} is not installed for {sys.executable}. Run t5like with "
+        "the environment `make install` builds: .venv/bin/python (or `source "
+        ".venv/bin/activate` first); or install it into this interpreter: pip install -e .")
+
+
 def guard(main: Callable[[list[str]], object], argv: Sequence[str] | None = None, *,
           expected: tuple[type[BaseException], ...] = ()) -> int:
   """Runs ``main(argv)``; a ``UserError`` (or one of ``expected``, or a ``SystemExit`` carrying
-  a message) becomes ``error: ...`` and exit status 2. An int returned is the exit status;
-  anything else (None, a report) is success."""
+  a message, or a missing third-party package) becomes ``error: ...`` and exit status 2; Ctrl-C
+  one line and status 130. An int
+  returned is the exit status; anything else (None, a report) is success."""
   argv = list(sys.argv[1:] if argv is None else argv)
   try:
     code = main(argv)
   except (UserError, *expected) as e:
     print_error(e, debugging(argv))
     return EXIT_USER_ERROR
+  except ModuleNotFoundError as e:
+    if (e.name or "t5like").split(".")[0] == "t5like":
+      raise  # A module of this project missing: a bug, with its traceback.
+    print_error(MissingDependency(e), debugging(argv))
+    return EXIT_USER_ERROR
+  except KeyboardInterrupt:
+    sys.stdout.flush()
+    print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
   except SystemExit as e:
     if not isinstance(e.code, str):  # argparse's usage errors and --help: already printed.
       raise

@@ -67,7 +67,12 @@ def _main(argv: list[str]) -> int:
     print(f"{family:<8} {same['num_params'] / 1e6:>7.2f}M {same['step']:>6} {secs:>8.0f} "
           f"{tm.get('loss', float('nan')):>10.4f} {m['eval_loss']:>13.4f} "
           f"{m['eval_perplexity']:>8.1f} {m['eval_accuracy']:>6.3f} {extra:>14}")
-  print("\nRedLLM learns from half the target tokens per step (the encoder half carries no loss), "
+  tokens = rows[0][1]["results"][next(iter(rows[0][1]["results"]))].get("eval_tokens", 0)
+  print(f"\nheld-out loss: nats per target token over all {tokens:.0f} target tokens of the "
+        "validation split (target half of each mid-split chunk); all-token loss: DecLLM's own "
+        "causal-LM loss over every token. The report below scores the first batches only, so "
+        "its numbers differ slightly.")
+  print("RedLLM learns from half the target tokens per step (the encoder half carries no loss), "
         "as in the paper's pretraining.")
   _suite_report([os.path.join(args.workdir, f"tiny_{f}") for f in ("decllm", "redllm")],
                 os.path.join(args.workdir, "report"))
@@ -93,12 +98,10 @@ def _suite_report(workdirs: list[str], output_dir: str) -> None:
     curve = c.get("length", {}).get("loss", {})
     print(f"{names[p]:<12} length x1..x8 loss: "
           + " ".join(f"{v:.3f}" for v in curve.values()) + f" | {grades}")
-  print(f"report: {output_dir}/report.md (tables), plots: "
-        + ", ".join(res["plots"] + [c["attention"]["heatmaps"] for c in res["checkpoints"].values()
-                                    if "heatmaps" in c.get("attention", {})]))
+  from t5like.evaluation.suite import all_plots, check_failures
+  print(f"report: {output_dir}/report.md (tables), plots: " + ", ".join(all_plots(res)))
+  check_failures(res, output_dir)  # A suite that failed fails `make demo`.
 
 
 if __name__ == "__main__":
-  from t5like import runtime
-  runtime.reexec_with_huge_pages()  # Before JAX: huge pages for XLA:CPU's buffers.
   sys.exit(main())

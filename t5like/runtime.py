@@ -1,15 +1,5 @@
-"""Process start-up for the CLIs and the data pipeline: transparent huge pages for the heap,
-TensorFlow (used only for data) off accelerators, and no false CUDA error on hosts without an
-NVIDIA driver.
-
-XLA:CPU allocates every execution's buffers afresh (a small model's train step: hundreds of MB),
-and the kernel zero-fills each new 4 KiB page on first touch: a fresh 46 MB buffer took 20 ms to
-fill against 4.4 ms with huge pages, and the small DecLLM f32 train step ran 1.15-1.28x faster
-(docs/performance.md). Where the kernel gives huge pages only on request (THP ``madvise``, the
-common default), glibc >= 2.35 requests them for the heap when started with
-``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which must be set before the process starts:
-``reexec_with_huge_pages`` restarts the CLI once with it (same PID, arguments and environment
-otherwise). ``T5LIKE_HUGE_PAGES=0`` opts out.
+"""Process start-up for the CLIs and the data pipeline: TensorFlow (used only for data) off
+accelerators, no false CUDA error on hosts without an NVIDIA driver, and libtpu's settings.
 
 TensorFlow probes CUDA the first time it lists devices. On a host with a CUDA toolkit but no
 NVIDIA driver (a CPU box, a TPU VM) that probe logs ``E... cuda_platform.cc] failed call to
@@ -51,61 +41,6 @@ _CHATTER = ("oneDNN custom operations are on", "All log messages before absl::In
 # Its CUDA probe's complaints, benign where no NVIDIA driver exists.
 _NO_DRIVER = ("failed call to cuInit", "Could not find cuda drivers")
 _done = False
-HUGE_PAGES = "glibc.malloc.hugetlb=1"
-THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
-
-
-def huge_page_tunables(tunables: str, glibc: tuple[int, int] | None, thp: str) -> str | None:
-  """The ``GLIBC_TUNABLES`` to restart with, or None to go on as is: only where glibc can ask
-  for huge pages (>= 2.35), the kernel gives them on request (``[madvise]``) and nobody chose
-  a ``glibc.malloc.hugetlb`` setting yet (which also ends the restart after one)."""
-  if glibc is None or glibc < (2, 35) or "[madvise]" not in thp:
-    return None
-  if "glibc.malloc.hugetlb" in tunables:
-    return None
-  return f"{tunables}:{HUGE_PAGES}" if tunables else HUGE_PAGES
-
-
-def _glibc_version() -> tuple[int, int] | None:
-  try:
-    name, version = os.confstr("CS_GNU_LIBC_VERSION").split()  # e.g. "glibc 2.36"
-    major, minor = version.split(".")[:2]
-    return (int(major), int(minor)) if name == "glibc" else None
-  except (AttributeError, ValueError, OSError):  # Not glibc (musl, macOS, Windows).
-    return None
-
-
-def huge_pages_state() -> str:
-  """One line for benchmark headers: whether this process's heap gets huge pages."""
-  try:
-    with open(THP_ENABLED) as f:
-      thp = f.read()
-  except OSError:
-    return "heap huge pages: unknown (no THP setting readable)"
-  if "[always]" in thp:
-    return "heap huge pages: on (THP always)"
-  if "[madvise]" in thp and "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", ""):
-    return "heap huge pages: on (GLIBC_TUNABLES=glibc.malloc.hugetlb=1)"
-  return "heap huge pages: off"
-
-
-def reexec_with_huge_pages() -> None:
-  """Restarts this process with ``glibc.malloc.hugetlb=1`` where that helps (module doc); call
-  first thing in a CLI's ``__main__`` block, before any thread or import of JAX."""
-  if os.environ.get("T5LIKE_HUGE_PAGES", "1") == "0":
-    return
-  try:
-    with open(THP_ENABLED) as f:
-      thp = f.read()
-  except OSError:
-    return
-  tunables = huge_page_tunables(os.environ.get("GLIBC_TUNABLES", ""), _glibc_version(), thp)
-  if tunables is None:
-    return
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:],
-            dict(os.environ, GLIBC_TUNABLES=tunables))
 
 
 GOOGLE_PCI_VENDOR = "0x1ae0"

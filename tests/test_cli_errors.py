@@ -81,6 +81,40 @@ def test_eval_errors(capsys):
   assert "do not apply to --suite" in clean_error(capsys)
 
 
+def test_eval_refuses_a_config_file_and_says_where_the_config_comes_from(capsys):
+  eval_cli = load_script("eval.py")
+  assert eval_cli.main(["--workdir", "w", "--config", "configs/tiny_redllm.py"]) == 2
+  err = clean_error(capsys)
+  assert "reads the config stored with the checkpoint in --workdir" in err
+  assert "--config.key=value" in err
+
+
+def test_an_unknown_key_suggests_the_nearest(train_cli, capsys):
+  assert train_cli.main(["--config.train.stepz=3"]) == 2
+  assert "Did you mean 'train.steps'?" in clean_error(capsys)
+
+
+def test_a_missing_package_is_one_error_saying_how_to_install(capsys):
+  def needs(argv):
+    import t5like_no_such_dependency_xyz  # noqa: F401
+  assert cli.guard(needs, []) == 2
+  err = clean_error(capsys)
+  assert "'t5like_no_such_dependency_xyz' is not installed" in err
+  assert ".venv/bin/python" in err and "pip install -e ." in err
+
+  def missing_own_module(argv):
+    import t5like.no_such_module  # noqa: F401
+  with pytest.raises(ModuleNotFoundError):  # A module of t5like itself: a bug.
+    cli.guard(missing_own_module, [])
+
+
+def test_ctrl_c_outside_the_training_loop_is_one_line(capsys):
+  def interrupted(argv):
+    raise KeyboardInterrupt
+  assert cli.guard(interrupted, []) == cli.EXIT_INTERRUPTED
+  assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
+
+
 def test_experiments_error(capsys):
   from t5like.experiments.__main__ import main
   assert main(["no_such_experiment", "--output_dir", "unused"]) == 2

@@ -135,12 +135,12 @@ def test_the_build_context_leaves_out_what_the_host_built_or_ran():
   text = open(os.path.join(REPO, ".dockerignore")).read()
   patterns = [p.strip().rstrip("/") for p in text.splitlines()
               if p.strip() and not p.startswith("#")]
-  for path in ("t5like/kernels/_cpu.cpython-311-x86_64-linux-gnu.so", ".venv/bin/python",
+  for path in (".venv/bin/python",
                ".venv-tpu/lib/x.py", "runs/tiny_decllm/checkpoints/1/state", "workdirs/a/b",
                ".git/HEAD", "t5like/models/__pycache__/layers.cpython-311.pyc", "build/lib/x",
                "t5like.egg-info/PKG-INFO"):
     assert _ignored(path, patterns), path
-  for path in ("t5like/kernels/argmax.cc", "t5like/models/layers.py", "configs/tiny_decllm.py",
-               "pyproject.toml", "setup.py", "README.md", "train.py",
+  for path in ("t5like/models/layers.py", "configs/tiny_decllm.py",
+               "pyproject.toml", "README.md", "train.py",
                "t5like/data/embedded/spm.model"):
     assert not _ignored(path, patterns), path

@@ -44,8 +44,8 @@ def test_the_probe_filter_keeps_other_lines(capfd):
 
 @pytest.mark.parametrize("command", ["eval.py", "build_vocab"])
 def test_a_start_shows_only_the_projects_lines(tmp_path, command):
-  """eval.py and a tool import TensorFlow (through ``runtime.init_tensorflow``; eval.py also
-  restarts itself for huge pages); a missing input then ends them: stderr is the error block and
+  """eval.py and a tool import TensorFlow (through ``runtime.init_tensorflow``); a missing input
+  then ends them: stderr is the error block and
   nothing else (TensorFlow's oneDNN / cudart_stub / absl lines are filtered)."""
   env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL",)}
   env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [env.get("PYTHONPATH")] if p])

@@ -27,8 +27,13 @@ BUDGET = {"quick": (24, 8, 2, 2, (0,)), "full": (400, 16, 20, 16, (0, 1))}
 def span_lengths(row: int = ROW) -> tuple[int, int]:
   """(inputs, targets) with inputs + targets = ``row`` fitting the longest span-corrupted chunk
   (15 % noise, mean span 3: T5's 512/114 shape, here for 128-token rows)."""
-  best = max(range(row // 2, row - 1), key=lambda i: (span_chunk_length(i, row - i, 0.15, 3.0),
-                                                       -i))
+  def chunk(i: int) -> int:
+    try:
+      return span_chunk_length(i, row - i, 0.15, 3.0)
+    except ValueError:  # Targets too short for any chunk (EOS included).
+      return 0
+
+  best = max(range(row // 2, row - 1), key=lambda i: (chunk(i), -i))
   return best, row - best
 
 

@@ -31,7 +31,7 @@ class Config:
   def validate(self) -> "Config":
     for f in dataclasses.fields(self):
       getattr(self, f.name).validate()
-    if self.model.attention_impl == "cudnn":
+    if self.model.attention_impl in ("cudnn", "auto"):  # auto: cudnn on Hopper+ GPUs.
       self._resolve_cudnn_segments()
     if self.data.loss_on_inputs and (self.model.family != "decllm"
                                      or self.model.decoder_attention != "causal"):
@@ -53,7 +53,7 @@ class Config:
     m = self.model
     if m.max_segments_per_row == 0 and not self.data.pack:
       m.max_segments_per_row = 1  # One segment per row: the plain cuDNN call.
-    elif m.max_segments_per_row == 1 and self.data.pack:
+    elif m.max_segments_per_row == 1 and self.data.pack and m.attention_impl == "cudnn":
       raise ConfigError("model.max_segments_per_row=1 (one example per row, the plain cuDNN "
                         "call) cannot isolate data.pack=True's packed examples: set "
                         "model.max_segments_per_row=0 (auto) or the most segments a row holds, "

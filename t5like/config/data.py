@@ -13,12 +13,25 @@ UL2_MODES = ("r", "x", "s")
 UL2_MODE_TOKENS = len(UL2_MODES)  # Reserved ids taken by the mode tokens (the lowest extra ids).
 
 
-def default_ul2_denoisers() -> dict[str, dict]:
-  """A three-denoiser reading of UL2 (Tay et al. 2022): R (mean span 3, 15 %), X (long spans at
-  high density: mean 32, 50 %), S (prefix LM), mixed 40/40/20."""
-  return {"r": {"mode": "r", "noise_density": 0.15, "mean_noise_span_length": 3.0, "rate": 0.4},
-          "x": {"mode": "x", "noise_density": 0.5, "mean_noise_span_length": 32.0, "rate": 0.4},
-          "s": {"mode": "s", "rate": 0.2}}
+def _span(mode: str, density: float, mean_span: float, rate: float) -> dict:
+  return {"mode": mode, "noise_density": density, "mean_noise_span_length": mean_span,
+          "rate": rate}
+
+
+# UL2's Mixture-of-Denoisers (Tay et al. 2022, arXiv 2205.05131, §3.1.2 and the final objective
+# of §3.1.4/§5): R-denoisers (mean span 3 and 8 at 15 %), X-denoisers (3 and 8 at 50 %, 64 at 15 %
+# and 50 %) and the S-denoiser (prefix LM), each with its paradigm token ([NLU] = R, [NLG] = X,
+# [S2S] = S: here the mode tokens r / x / s). The S-denoiser takes 20 % of the examples (the
+# share the paper's ablations settle on) and the six span denoisers share the rest equally.
+UL2_PRESETS: dict[str, dict[str, dict]] = {
+    "ul2": {"r_3_15": _span("r", 0.15, 3.0, 0.8 / 6), "r_8_15": _span("r", 0.15, 8.0, 0.8 / 6),
+            "x_3_50": _span("x", 0.5, 3.0, 0.8 / 6), "x_8_50": _span("x", 0.5, 8.0, 0.8 / 6),
+            "x_64_15": _span("x", 0.15, 64.0, 0.8 / 6),
+            "x_64_50": _span("x", 0.5, 64.0, 0.8 / 6), "s": {"mode": "s", "rate": 0.2}},
+    # A three-denoiser reading (t5like's earlier default): R (3, 15 %), X (32, 50 %), S, 40/40/20.
+    "three": {"r": _span("r", 0.15, 3.0, 0.4), "x": _span("x", 0.5, 32.0, 0.4),
+              "s": {"mode": "s", "rate": 0.2}},
+}
 
 
 _DENOISER_KEYS = ("mode", "noise_density", "mean_noise_span_length", "rate")
@@ -58,6 +71,9 @@ class DataConfig:
   #   them once into a TFDS dataset under tfds_data_dir and read that (fast, sharded TFRecords).
   tfds_data_dir: str = ""  # Where TFDS conversions live ("" = $T5LIKE_CACHE/tfds/<corpus>-<hash of
   #   its root>, T5LIKE_CACHE defaulting to ~/.cache/t5like).
+  cache_dir: str = ""  # Read the corpus's tasks from the seqio cache built there by
+  #   python -m t5like.tools.cache_data (any URI; tokenised once, docs/data.md); "" = tokenise
+  #   on the fly. A missing or stale cache is an error naming the command that builds it.
   vocab_path: str = ""  # SentencePiece model file (path or gs:// URI) whose size must equal
   #   model.vocab_size; "" = the embedded 8,192-piece vocabulary, allowed only for the embedded
   #   corpora (build a corpus's 32,768-piece model with python -m t5like.tools.build_vocab).
@@ -73,9 +89,11 @@ class DataConfig:
   #   non-denoising run); span_corruption / ul2 need enough for their spans (checked at start).
   noise_density: float = 0.15  # span_corruption: fraction of each chunk's tokens corrupted.
   mean_noise_span_length: float = 3.0  # span_corruption: mean length of a corrupted span.
-  ul2_denoisers: dict[str, dict] = dataclasses.field(default_factory=default_ul2_denoisers)
+  ul2_preset: str = "ul2"  # ul2: the denoisers when ul2_denoisers is empty: "ul2" (the paper's
+  #   seven, docs/objectives.md) or "three" (R 3/15 %, X 32/50 %, S at 40/40/20).
+  ul2_denoisers: dict[str, dict] = dataclasses.field(default_factory=dict)
   #   ul2: name -> {"mode": "r"|"x"|"s", "noise_density", "mean_noise_span_length", "rate"}; each
-  #   becomes a seqio task with its mode token before the inputs, mixed by rate.
+  #   becomes a seqio task with its mode token before the inputs, mixed by rate ({} = the preset).
   loss_on_inputs: bool = False  # DecLLM with causal attention on an inputs/targets objective
   #   (prefix, span_corruption, ul2): also train on the input tokens (Wang et al.'s full-sequence
   #   loss); False = loss on the targets only.
@@ -87,7 +105,8 @@ class DataConfig:
   #   segment isolation, never spanning documents.
   prefix_split: str = "middle"  # Where "prefix" splits a chunk of L tokens: "middle" puts
   #   floor(L*inputs_length/(inputs_length+targets_length)) tokens in the input (L/2 when the two
-  #   lengths are equal, as in the paper); "random" draws the split uniformly among valid points.
+  #   lengths are equal, as in the paper); "random" splits chunks of min(I, T) + 1 tokens
+  #   anywhere (uniform over the chunk; inputs and targets padded, as T5's prefix LM).
   sequence_length: int = 2048  # Decoder length of the "causal" objective (DecLLM pretraining).
   inputs_length: int = 1024  # Encoder input length (RedLLM) / prefix budget (DecLLM prefix LM).
   targets_length: int = 1024  # Decoder target length (RedLLM) / target budget.
@@ -175,8 +194,9 @@ class DataConfig:
       return {"span": {"mode": "", "noise_density": self.noise_density,
                        "mean_noise_span_length": self.mean_noise_span_length, "rate": 1.0}}
     if self.objective == "ul2":
+      chosen = self.ul2_denoisers or UL2_PRESETS.get(self.ul2_preset, {})
       return {name: {"noise_density": 0.15, "mean_noise_span_length": 3.0, "rate": 1.0, **d}
-              for name, d in sorted(self.ul2_denoisers.items())}
+              for name, d in sorted(chosen.items())}
     return {}
 
   def sentinels_needed(self) -> int:
@@ -194,8 +214,7 @@ class DataConfig:
   def _check_denoising(self) -> None:
     check_positive("data.extra_ids", self.extra_ids, allow_zero=True)
     if self.objective == "ul2":
-      if not self.ul2_denoisers:
-        raise ConfigError("data.ul2_denoisers is empty; give at least one denoiser")
+      check_choice("data.ul2_preset", self.ul2_preset, tuple(UL2_PRESETS))
       for name, d in self.ul2_denoisers.items():
         if not re.match(r"^\w+$", str(name)) or not isinstance(d, dict) or (
             set(d) - set(_DENOISER_KEYS)) or d.get("mode") not in UL2_MODES:
@@ -223,6 +242,7 @@ class DataConfig:
           f"data.objective={self.objective!r} with inputs_length={self.inputs_length}, "
           f"targets_length={self.targets_length} needs {need} reserved ids (sentinels"
           f"{' + 3 mode tokens' if self.objective == 'ul2' else ''}) but the vocabulary has "
-          f"data.extra_ids={self.extra_ids}. Set --config.data.extra_ids=100 (T5) or more and "
-          "model.vocab_size to the pieces + extra_ids (the embedded vocabulary: 8192 + 100 = "
-          "8292), or lower data.inputs_length")
+          f"data.extra_ids={self.extra_ids}. Set --config.data.extra_ids={max(100, need)}"
+          f"{' (T5)' if need <= 100 else ''} or more and model.vocab_size to the pieces + "
+          f"extra_ids (the embedded vocabulary: 8192 + {max(100, need)} = "
+          f"{8192 + max(100, need)}), or lower data.inputs_length")

@@ -12,8 +12,7 @@ MIXED_ATTENTION = ("none", "per_head", "per_layer")
 ATTN_OUT_NORM_SCOPES = ("per_head", "all_heads")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "attention_out")
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("xla", "splash", "cudnn")
-OPS = ("auto", "reference", "xla", "xla_cpu", "cpu_kernels")
+ATTENTION_IMPLS = ("auto", "reference", "splash", "cudnn")
 
 
 @dataclasses.dataclass
@@ -60,23 +59,21 @@ class ModelConfig:
   scan_layers: bool = True  # Run the layer stack with lax.scan (one compiled layer) instead of a
   #   Python loop. Parameters are stacked [layers, ...] either way, so checkpoints are identical.
   remat_policy: str = "none"  # Rematerialisation per layer: "none", "full" (save nothing),
-  #   "dots" (save matmul outputs), "dots_no_batch" (save weight matmuls, and the CPU attention
-  #   kernel's output and log-sum-exp), "attention_out". On CPU a scanned stack is never slower
-  #   with "dots_no_batch" than "none", often faster (docs/performance.md).
-  attention_impl: str = "xla"  # Training-time attention: "xla" (any device; builds the
-  #   [batch, heads, q, kv] mask), "splash" (TPU Pallas kernel, block-sparse masks + segment ids;
-  #   interpret mode on CPU) or "cudnn" (NVIDIA GPU fused kernel; causal/full masks, packed rows
-  #   through cuDNN's packed layout on Hopper or newer; docs/gpus.md).
+  #   "dots" (save matmul outputs), "dots_no_batch" (save weight matmuls), "attention_out".
+  attention_impl: str = "auto"  # The attention core: "auto" (by the mesh's platform: splash on
+  #   TPU, cudnn on Hopper+ GPUs where they serve the config, else reference; logged with the
+  #   reason, t5like/ops/__init__.py), "reference" (any device; builds the [batch, heads, q, kv]
+  #   mask), "splash" (TPU Pallas kernel, block-sparse masks + segment ids; interpret mode on
+  #   CPU) or "cudnn" (NVIDIA GPU fused kernel; causal/full masks, packed rows through cuDNN's
+  #   packed layout on Hopper or newer; docs/gpus.md). Decoding over the KV cache: reference.
   max_segments_per_row: int = 0  # attention_impl="cudnn": the static number of packed segments
   #   a row may hold (cuDNN's packed layout takes per-segment offsets for that many slots; each
   #   slot adds saved softmax statistics). 1 = one example per row, the plain cuDNN call (Hopper
   #   not needed). 0 = auto: 1 with data.pack=False (set by Config.validate), else length // 32
   #   (2048 -> 64). A batch with more segments in a row is a clear error, never dropped.
-  ops: str = "auto"  # Who computes the model's operations (t5like/ops, same values): "auto"
-  #   (CPU: "cpu_kernels" on one device where the C++ kernels are built, else "xla_cpu";
-  #   TPU/GPU: "xla"), "reference" (the plain einsum / jax.nn forms), "xla", "xla_cpu" or
-  #   "cpu_kernels". Chosen once where the model is built and logged (t5like/ops/__init__.py,
-  #   which also documents the T5LIKE_OPS / T5LIKE_CPU_KERNELS=0 environment overrides).
+  attention_logit_soft_cap: float = 0.0  # > 0: attention scores become cap * tanh(score / cap)
+  #   before the softmax (Gemma 2's soft cap); 0: plain scores (the paper). Splash computes it;
+  #   cuDNN has no soft cap and refuses it.
   moe: MoEConfig = dataclasses.field(default_factory=MoEConfig)  # Mixture-of-experts FFNs
   #   (docs/moe.md); off by default (moe.num_experts = 0).
 
@@ -92,7 +89,8 @@ class ModelConfig:
     check_choice("model.remat_policy", self.remat_policy, REMAT_POLICIES)
     check_choice("model.dtype", self.dtype, DTYPES)
     check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
-    check_choice("model.ops", self.ops, OPS)
+    check_positive("model.attention_logit_soft_cap", self.attention_logit_soft_cap,
+                   allow_zero=True)
     self._check_attention_impl()
     self.moe.validate()
     if self.moe.enabled and self.shared_encoder_decoder:
@@ -147,27 +145,34 @@ class ModelConfig:
             "bidirectional over the input. Use model.decoder_attention='causal' with RedLLM")
     return self
 
-  def _check_attention_impl(self) -> None:
-    impl = self.attention_impl
-    if impl == "xla":
+  def _check_attention_impl(self, impl: str | None = None) -> None:
+    """ConfigError where the fused core ``impl`` (default: model.attention_impl) cannot serve
+    this config (``ops.choose_attention`` asks it for ``auto``)."""
+    impl = impl or self.attention_impl
+    if impl in ("auto", "reference"):
       return
     if self.dropout_rate > 0:
       raise ConfigError(f"model.attention_impl={impl!r} has no dropout on attention "
-                        "probabilities; use model.dropout_rate=0 or model.attention_impl='xla'")
+                        "probabilities; use model.dropout_rate=0 or model.attention_impl="
+                        "'reference'")
+    if impl == "cudnn" and self.attention_logit_soft_cap:
+      raise ConfigError("model.attention_impl='cudnn' has no attention_logit_soft_cap (cuDNN "
+                        "computes plain scores); use model.attention_impl='reference' on GPU "
+                        "or model.attention_logit_soft_cap=0")
     bidir = self.family == "redllm" or self.decoder_attention == "prefix"
     if impl == "splash" and self.decoder_attention == "prefix" and self.mixed_attention != "none":
       raise ConfigError("model.attention_impl='splash' has no mixed forward/backward PrefixLM "
-                        "mask; use model.attention_impl='xla' with model.mixed_attention="
+                        "mask; use model.attention_impl='reference' with model.mixed_attention="
                         f"{self.mixed_attention!r}")
     if impl == "cudnn" and (self.decoder_attention == "prefix"
                             or (bidir and self.mixed_attention != "none")):
       raise ConfigError("model.attention_impl='cudnn' expresses causal and full attention only "
-                        "(no prefix or mixed forward/backward masks); use 'xla' (GPU) or "
+                        "(no prefix or mixed forward/backward masks); use 'reference' (GPU) or "
                         "'splash' (TPU)")
     if impl == "cudnn" and self.dtype not in ("bfloat16", "float16"):  # cuDNN: fp16/bf16/fp8.
       raise ConfigError(f"model.attention_impl='cudnn' needs model.dtype='bfloat16' or "
                         f"'float16' (cuDNN's fused attention takes no {self.dtype} inputs); got "
-                        f"model.dtype={self.dtype!r}. Use model.attention_impl='xla' for float32")
+                        f"model.dtype={self.dtype!r}. Use model.attention_impl='reference' for float32")
     if impl == "cudnn" and (self.head_dim % 8 or self.head_dim > 256):
       raise ConfigError("model.attention_impl='cudnn' needs model.head_dim a multiple of 8 and "
                         f"<= 256 (<= 128 before Hopper); got {self.head_dim}")

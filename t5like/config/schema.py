@@ -8,6 +8,7 @@ and serialising a resolved config to plain JSON (stored with every checkpoint).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import types
 import typing
@@ -87,8 +88,10 @@ def set_dotted(cfg: Any, key: str, value: Any) -> None:
     names = field_names(obj)
     if part not in names:
       where = ".".join(parts[:i]) or "config"
+      near = difflib.get_close_matches(part, names, n=1)
+      hint = f" Did you mean {'.'.join(parts[:i] + near)!r}?" if near else ""
       raise ConfigError(
-          f"unknown config key {key!r}: {where} has no field {part!r}. "
+          f"unknown config key {key!r}: {where} has no field {part!r}.{hint} "
           f"Valid keys of {where}: {', '.join(sorted(names))}")
     if i == len(parts) - 1:
       typ = _resolve_types(type(obj))[part]

@@ -8,7 +8,8 @@ reused only while both match, so a changed or replaced file is counted again and
 rewritten. Nothing is ever written into the corpus, which may be read-only or shared; a
 ``<corpus root>/.t5like_counts.json`` left by an older version is still read. Hosts share the
 counts when ``T5LIKE_CACHE`` is a path they all see (e.g. ``gs://bucket/t5like_cache``); count once
-before a multi-host run with ``python -m t5like.tools.prepare_data --data_dir <root>``.
+before a multi-host run with ``python -m t5like.tools.prepare_data --data_dir <root>``, or
+train from a cache (``data.cache_dir``): its Beam run counted every file (`caching`).
 
 The file is rewritten whole through a temporary name and a rename, so a reader never sees half a
 cache; two hosts counting at once write the same numbers.

@@ -8,12 +8,14 @@ Span corruption (Raffel et al. 2020, §3.1.4) on a chunk of ``L`` tokens:
   lengths, the clean tokens likewise, and the spans alternate clean, noise, clean, noise, ...
   (so the chunk starts clean and ends with noise, and no two noise spans touch).
 * ``inputs``: the clean tokens, each noise span replaced by one sentinel; ``targets``: each
-  sentinel followed by the span it replaced. Sentinel ``i`` (0-based) is id ``V - 1 - i`` of a
-  vocabulary of ``V`` ids: they count down from the top, inside the ``data.extra_ids`` reserved
-  ids (seqio's ``SentencePieceVocabulary(extra_ids=...)``).
-* Lengths: `span_chunk_length` is the longest chunk whose inputs and targets fit
+  sentinel followed by the span it replaced; both end in EOS (T5's layout; seqio's
+  ``append_eos_after_trim`` after the denoiser, the task's features ``add_eos=True``).
+  Sentinel ``i`` (0-based) is id ``V - 1 - i`` of a vocabulary of ``V`` ids: they count down
+  from the top, inside the ``data.extra_ids`` reserved ids (seqio's
+  ``SentencePieceVocabulary(extra_ids=...)``).
+* Lengths: `span_chunk_length` is the longest chunk whose inputs and targets, EOS included, fit
   ``inputs_length`` / ``targets_length`` (one position fewer for inputs when a mode token is
-  prepended); T5's choice, so packed rows stay within their lengths.
+  prepended): T5's ``random_spans_helper`` (568 tokens -> 512 / 114 at density 0.15, span 3).
 
 Randomness is stateless per example with seqio's seeds (``map_over_dataset(num_seeds=1)``), as
 the random prefix split: same ``data.seed``, same corruption, across restarts and hosts.
@@ -52,11 +54,11 @@ def _random_parts(total: tf.Tensor, parts: tf.Tensor, seed: tf.Tensor) -> tf.Ten
 def noise_mask(length: tf.Tensor, noise_density: float, mean_noise_span_length: float,
                seed: tf.Tensor) -> tf.Tensor:
   """Bool ``[length]``: True on corrupted tokens (alternating spans, clean first, noise last)."""
-  # float64 and round-half-to-even, exactly as `span_counts` computes them in Python.
-  lf = tf.cast(length, tf.float64)
+  # float32 and round-half-to-even as T5's `random_spans_noise_mask` (and `span_counts`).
+  lf = tf.cast(length, tf.float32)
   num_noise = tf.clip_by_value(tf.cast(tf.round(lf * noise_density), tf.int32), 1, length - 1)
   num_spans = tf.maximum(
-      tf.cast(tf.round(tf.cast(num_noise, tf.float64) / mean_noise_span_length), tf.int32), 1)
+      tf.cast(tf.round(tf.cast(num_noise, tf.float32) / mean_noise_span_length), tf.int32), 1)
   num_spans = tf.minimum(num_spans, length - num_noise)
   seeds = tf.random.experimental.stateless_split(seed, 2)
   noise = _random_parts(num_noise, num_spans, seeds[0])
@@ -134,13 +136,14 @@ def span_corruption(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
 def prefix_lm_denoiser(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
                        output_features: Mapping[str, seqio.Feature], *,
                        chunking: str = "stream") -> tf.data.Dataset:
-  """UL2's S denoiser: a random prefix split with the S mode token before the inputs."""
+  """UL2's S denoiser: a prefix LM split anywhere in its chunk (``objectives.prefix_lm_random``:
+  uniform over the chunk, padded inputs / targets as T5's prefix LM), the S mode token before
+  the inputs; the lengths leave room for it and for the EOS after inputs and targets."""
   from t5like.data import objectives  # pylint: disable=g-import-not-at-top
 
   token = mode_token_id(_vocab_size(output_features), _extra_ids(output_features), "s")
-  lengths = {"inputs": sequence_length["inputs"] - 1, "targets": sequence_length["targets"]}
-  ds = objectives.chunk_for_prefix_lm(dataset, lengths, output_features, chunking)
-  ds = objectives._random_split(ds, sequence_length=lengths)  # pylint: disable=protected-access
+  lengths = {"inputs": sequence_length["inputs"] - 2, "targets": sequence_length["targets"] - 1}
+  ds = objectives.prefix_lm_random(dataset, lengths, output_features, chunking)
   return ds.map(lambda ex: {"inputs": _prepend(ex["inputs"], token), "targets": ex["targets"]},
                 num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -152,8 +155,9 @@ def preprocessors(denoiser: tuple, chunking: str) -> list[Callable[..., tf.data.
   mode, density, mean_span = denoiser
   head = [functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),
           functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False)]
+  tail = [seqio.preprocessors.append_eos_after_trim]  # The lengths left the EOS its place.
   if mode == "s":
-    return head + [functools.partial(prefix_lm_denoiser, chunking=chunking)]
+    return head + [functools.partial(prefix_lm_denoiser, chunking=chunking)] + tail
   return head + [functools.partial(span_corruption, noise_density=density,
                                    mean_noise_span_length=mean_span, mode=mode,
-                                   chunking=chunking)]
+                                   chunking=chunking)] + tail

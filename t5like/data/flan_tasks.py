@@ -32,6 +32,26 @@ def _capped_reader(filename, *, cap: int, **kwargs):
   return shard_reader.jsonl_dataset(filename, max_lines=cap, **kwargs).take(cap)
 
 
+def _train_records(task_name: str, corpus_counts: counts.CorpusCounts, files: list[str]) -> int:
+  """Good train records of a FLAN task: counted when its cache was built (data.cache_dir), else
+  from its files."""
+  from t5like.data import caching  # pylint: disable=g-import-not-at-top
+  manifest = caching.cached_manifest(task_name)
+  if manifest is not None:
+    return int(manifest["records"]["train"]["ok"])
+  return corpus_counts.count(files)[0]
+
+
+def _capped_total(task_name: str, corpus_counts: counts.CorpusCounts, files: list[str],
+                  cap: int) -> float:
+  """Sum over a sub-mixture's train files of min(good records, cap), from its cache if read."""
+  from t5like.data import caching  # pylint: disable=g-import-not-at-top
+  manifest = caching.cached_manifest(task_name)
+  per_file = (manifest["file_records"]["train"] if manifest is not None
+              else [corpus_counts.count([f])[0] for f in files])
+  return float(sum(min(n, cap) for n in per_file))
+
+
 def _overrides_for_grouping(spec: tc.CorpusSpec, subs: set[str], tasks: set[str]
                             ) -> dict[str, float]:
   overrides = tc.check_rate_keys(spec, sorted(subs | tasks))
@@ -75,7 +95,7 @@ def _register_grouped_jsonl(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
     reader = functools.partial(_capped_reader, cap=spec.cap, schema=sources.FLAN_SCHEMA,
                                policy=spec.bad_records, label=name)
     src = seqio.FileDataSource(read_file_fn=reader, split_to_filepattern=split_files,
-                               caching_permitted=False, block_length=1,
+                               caching_permitted=True, block_length=1,
                                cycle_length=min(len(split_files["train"]), 32))
     task = _add_task(name, src, spec, functools.partial(tc.live_stats, name))
     sources.reset_stats(name)
@@ -83,8 +103,7 @@ def _register_grouped_jsonl(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
     if overrides.get(sub) != 0:
       rate = overrides.get(sub)
       own = tc.memo(functools.partial(float, rate) if rate is not None else functools.partial(
-          lambda fs: float(sum(min(corpus_counts.count([f])[0], spec.cap) for f in fs)),
-          split_files["train"]))
+          _capped_total, name, corpus_counts, split_files["train"], spec.cap))
       entries.append((task, tc.rate_fn(own)))
   if not entries:
     raise ValueError(f"every sub-mixture of {spec.name} has rate 0 in data.mixture_rates")
@@ -176,7 +195,7 @@ def _register_per_task(spec: tc.CorpusSpec) -> tuple[list[str], list[str]]:
       split_files = {split: [path] for split, path in t.splits}
       label = f"{spec.name}.{tc.clean(t.submixture)}.{tc.clean(t.task)}"
       src = tc.jsonl_source(split_files, sources.FLAN_SCHEMA, spec, label=label)
-      count = functools.partial(lambda f: corpus_counts.count(f)[0],
+      count = functools.partial(_train_records, label, corpus_counts,
                                 split_files.get("train", []))
       rows.append((t.submixture, t.task, src, count, functools.partial(tc.live_stats, label)))
       sources.reset_stats(label)

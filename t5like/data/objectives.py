@@ -14,8 +14,10 @@ Two chunkings (``data.pretrain_chunking``) turn documents into chunks of ``chunk
 * ``prefix`` (RedLLM, and DecLLM + bidirectional prefix): chunk = ``inputs + targets`` lengths; a
   chunk of ``L`` tokens is split into ``inputs = chunk[:k]`` and ``targets = chunk[k:]``:
   "middle": ``k = floor(L * I / (I + T))`` (``L/2`` for the paper's 1024/1024), clipped to
-  ``[1, L-1]``; "random": ``k`` uniform over ``[max(1, L-T), min(L-1, I)]``, stateless and seeded
-  by seqio (same seed, same splits). Chunks shorter than 2 tokens are dropped (nothing to split).
+  ``[1, L-1]``. "random" (T5's prefix LM, Wang et al.'s non-causal decoder): chunks of
+  ``min(I, T) + 1`` tokens, ``k`` uniform over ``[1, L-1]`` (anywhere in the chunk), so every
+  split fits both lengths and the rows are padded (packing fills them); stateless and seeded by
+  seqio (same seed, same splits). Chunks shorter than 2 tokens are dropped (nothing to split).
 * ``inputs_targets`` (instruction tuning): the records' inputs/targets, each truncated to its
   length with the EOS kept (``append_eos_after_trim``).
 """
@@ -91,12 +93,15 @@ def middle_split_point(length: tf.Tensor, inputs_length: int, targets_length: in
   return tf.clip_by_value(k, 1, length - 1)
 
 
-def random_split_point(length: tf.Tensor, inputs_length: int, targets_length: int,
-                       seed: tf.Tensor) -> tf.Tensor:
-  """Uniform over ``[max(1, L - T), min(L - 1, I)]`` (every point that fits both lengths)."""
-  lo = tf.maximum(1, length - targets_length)
-  hi = tf.minimum(length - 1, inputs_length)
-  return tf.random.stateless_uniform([], seed=seed, minval=lo, maxval=hi + 1, dtype=tf.int32)
+def random_split_chunk(inputs_length: int, targets_length: int) -> int:
+  """Chunk length of a random split: every point of ``[1, L - 1]`` fits both lengths."""
+  return min(inputs_length, targets_length) + 1
+
+
+def random_split_point(length: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+  """Uniform over ``[1, L - 1]``: any split of the chunk (at least one token on each side)."""
+  return tf.random.stateless_uniform([], seed=seed, minval=1, maxval=tf.maximum(length, 2),
+                                     dtype=tf.int32)
 
 
 def causal_lm(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
@@ -123,16 +128,25 @@ def prefix_lm_middle(dataset: tf.data.Dataset, sequence_length: Mapping[str, int
 
 
 @seqio.map_over_dataset(num_seeds=1)
-def _random_split(ex, seed, sequence_length):
-  ilen, tlen = sequence_length["inputs"], sequence_length["targets"]
-  return _split_example(ex, random_split_point(tf.size(ex["targets"]), ilen, tlen, seed))
+def _random_split(ex, seed):
+  return _split_example(ex, random_split_point(tf.size(ex["targets"]), seed))
+
+
+def prefix_lm_random(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
+                     output_features: Mapping[str, seqio.Feature],
+                     chunking: str = "document") -> tf.data.Dataset:
+  """Prefix LM split anywhere: chunks of ``random_split_chunk`` tokens, a uniform split each."""
+  chunk = random_split_chunk(sequence_length["inputs"], sequence_length["targets"])
+  ds = chunk_for_prefix_lm(dataset, sequence_length, output_features, chunking, chunk=chunk)
+  return _random_split(ds)
 
 
 def chunk_for_prefix_lm(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
                         output_features: Mapping[str, seqio.Feature],
-                        chunking: str = "document") -> tf.data.Dataset:
-  """Chunks of ``inputs + targets`` tokens in ``targets`` (at least 2 tokens, to be split)."""
-  chunk = sequence_length["inputs"] + sequence_length["targets"]
+                        chunking: str = "document", chunk: int | None = None) -> tf.data.Dataset:
+  """Chunks of ``chunk`` (default ``inputs + targets``) tokens in ``targets`` (at least 2
+  tokens, to be split)."""
+  chunk = chunk or sequence_length["inputs"] + sequence_length["targets"]
   if chunking == "stream":
     return stream_documents(dataset, chunk, _eos_id(output_features))
   return split_documents(dataset, chunk, _eos_id(output_features), min_length=2)
@@ -151,7 +165,7 @@ def pretraining_preprocessors(variant: str, chunking: str = "document"
   if variant == "prefix_middle":
     return head + [functools.partial(prefix_lm_middle, chunking=chunking)]
   if variant == "prefix_random":
-    return head + [functools.partial(chunk_for_prefix_lm, chunking=chunking), _random_split]
+    return head + [functools.partial(prefix_lm_random, chunking=chunking)]
   raise ValueError(f"unknown pretraining variant {variant!r}; expected one of {PRETRAIN_VARIANTS}")
 
 

@@ -143,7 +143,7 @@ def read_chunk(path: str, index: int, schema: sources.RecordSchema, *, policy: s
   stream = _CACHE.pop(path, index)
   if stream is None:
     stream = _open_at(path, index, chunk_size)
-  stats = sources.stats_for(label)
+  stats = sources.RecordStats()  # Added to the source's counts and to this file's (caching).
   columns: list[list[bytes]] = [[] for _ in schema.fields]
   n_lines = 0
   for n_lines in range(1, chunk_size + 1):
@@ -158,6 +158,8 @@ def read_chunk(path: str, index: int, schema: sources.RecordSchema, *, policy: s
       stats.add("ok")
       for col, name in zip(columns, schema.fields):
         col.append(record[name])
+  sources.stats_for(label).merge(stats)
+  sources.stats_for(f"{label}@{path}").merge(stats)
   if n_lines == chunk_size and (max_lines is None or (index + 1) * chunk_size < max_lines):
     _CACHE.put(path, index + 1, stream, offset=stream.tell())
   else:

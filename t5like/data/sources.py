@@ -83,6 +83,11 @@ class RecordStats:
     with self._lock:
       self._counts[kind] += n
 
+  def merge(self, other: "RecordStats") -> None:
+    counts = other.as_dict()
+    with self._lock:
+      self._counts.update(counts)
+
   def as_dict(self) -> dict[str, int]:
     with self._lock:
       return dict(self._counts)

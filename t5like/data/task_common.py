@@ -98,14 +98,18 @@ def make_task(name: str, source, spec: CorpusSpec):
   elif spec.denoiser:
     from t5like.data import denoising  # pylint: disable=g-import-not-at-top
 
-    features = objectives.output_features(vocabulary, ("inputs", "targets"), add_eos=False)
-    preps = denoising.preprocessors(spec.denoiser, spec.chunking)
+    features = objectives.output_features(vocabulary, ("inputs", "targets"), add_eos=True)
+    preps = denoising.preprocessors(spec.denoiser, spec.chunking)  # EOS on both, as T5.
   else:
     keys = ("targets",) if spec.variant == "lm" else ("inputs", "targets")
     features = objectives.output_features(vocabulary, keys, add_eos=False)
     preps = objectives.pretraining_preprocessors(spec.variant, spec.chunking)
-  return seqio.Task(name, source=source, output_features=features, preprocessors=preps,
-                    shuffle_buffer_size=spec.shuffle_buffer_size)
+  from t5like.data import caching  # pylint: disable=g-import-not-at-top
+
+  if source.caching_permitted:  # jsonl sources: cacheable after tokenisation (caching.py).
+    preps = caching.with_placeholder(preps)
+  return caching.CorpusTask(name, source=source, output_features=features, preprocessors=preps,
+                            shuffle_buffer_size=spec.shuffle_buffer_size)
 
 
 def jsonl_source(split_files: dict[str, list[str]], schema, spec: CorpusSpec, label: str):
@@ -114,7 +118,7 @@ def jsonl_source(split_files: dict[str, list[str]], schema, spec: CorpusSpec, la
   reader = functools.partial(shard_reader.jsonl_dataset, schema=schema, policy=spec.bad_records,
                              label=label)
   return seqio.FileDataSource(read_file_fn=reader, split_to_filepattern=split_files,
-                              caching_permitted=False)
+                              caching_permitted=True)
 
 
 def tfds_source(tfds_name: str, spec: CorpusSpec, splits: dict[str, str]):

@@ -25,6 +25,7 @@ from t5like.data import counts, sources
 from t5like.data import task_common as tc
 from t5like.data.flan_tasks import register_flan
 from t5like.data.task_common import CorpusSpec, default_tfds_dir, seqio_name  # noqa: F401 (API)
+from t5like.errors import UserError
 
 EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded")
 EMBEDDED_ROOTS = {
@@ -165,6 +166,27 @@ def spec_from_config(cfg, name: str, variant: str) -> CorpusSpec:
       flan_grouping=data.flan_grouping, extra_ids=data.extra_ids)
 
 
+def cache_spec(corpus: str, data_dir: str = "", validation_dir: str = "", overrides=()):
+  """The spec a cache of ``corpus`` ("redpajama", "flan", "embedded_*") is built for, with
+  ``data.*`` overrides ("data.vocab_path=..."): its lm / it variant, the tokenised part that
+  every objective shares."""
+  from t5like.config import Config  # pylint: disable=g-import-not-at-top
+  from t5like.config.schema import apply_overrides  # pylint: disable=g-import-not-at-top
+
+  bad = [o for o in overrides if not o.startswith("data.")]
+  if bad:
+    raise UserError(f"a corpus cache takes only data.* settings (--config.data.*), got {bad}")
+  cfg = Config()
+  apply_overrides(cfg, list(overrides))
+  name = {"redpajama": "redpajama_v1"}.get(corpus, corpus)
+  cfg.data.mixture, cfg.data.data_dir, cfg.data.validation_dir = name, data_dir, validation_dir
+  cfg.data.objective = "auto"
+  if name in ("redpajama_v1", "flan") and not data_dir:
+    raise UserError(f"--corpus {corpus} reads a corpus on disk: give --data_dir")
+  cfg.data.validate()
+  return spec_from_config(cfg, name, "it" if name.endswith("flan") else "lm")
+
+
 EXTRA_EVAL_PREFIX = "extra_eval_"
 
 
@@ -198,8 +220,21 @@ def register_extra_eval(cfg, name: str, directory: str, variant: str) -> str:
   return task_name
 
 
+def spec_of_task(seqio_task: str) -> CorpusSpec | None:
+  """The registration spec behind a t5like seqio task (None: not registered by t5like)."""
+  for spec, names, _ in _REGISTERED.values():
+    if seqio_task in names:
+      return spec
+  return None
+
+
 def task_stats(seqio_task: str, split: str = "train") -> dict[str, Any]:
-  """Good/bad record counts of a task: read by this process (jsonl) or kept at TFDS conversion."""
+  """Good/bad record counts of a task: read by this process (jsonl), kept at TFDS conversion,
+  or counted when its cache was built (data.cache_dir)."""
+  from t5like.data import caching  # pylint: disable=g-import-not-at-top
+
+  if caching.cached_manifest(seqio_task) is not None:
+    return caching.cached_stats(seqio_task, split)
   fn = tc.TASK_STATS.get(seqio_task)
   return fn(split) if fn else {}
 

@@ -5,11 +5,12 @@
   ``validation_dir/<subset>/`` when given.
 * ``t5like_flan/part00`` .. ``part15`` (`FLAN_PARTS` builder configs): features ``inputs, targets,
   task_name, task_source, template_type``. A task belongs to part ``crc32(task_key) % FLAN_PARTS``
-  (stable across machines, whatever the number of converting processes); each part holds one split
-  per task and split of its tasks, named ``<task_key>-train`` / ``<task_key>-validation``, and its
-  task rows (sub-mixtures, split names) in its metadata, so a converted corpus can be read (e.g.
-  from a bucket) without its jsonl files. `prepare_flan` converts parts in parallel (spawned
-  processes); every part is built, an empty one too, so a complete conversion has all of them.
+  (stable across machines and runs); each part holds one split per task and split of its tasks,
+  named ``<task_key>-train`` / ``<task_key>-validation``, and its task rows (sub-mixtures, split
+  names) in its metadata, so a converted corpus can be read (e.g. from a bucket) without its jsonl
+  files. `prepare_flan` converts the parts one after another, each on Beam when given pipeline
+  options (`python -m t5like.tools.prepare_data`); every part is built, an empty one too, so a
+  complete conversion has all of them.
 
 Records go through `sources.iter_records` (same checks and bad-record policy as the raw path);
 the counts of skipped records and a fingerprint of the source files (a FLAN part: its own files)
@@ -20,12 +21,11 @@ Once prepared, ``tfds.load(name, data_dir=...)`` and ``seqio.TfdsDataSource`` re
 """
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
-import multiprocessing
 import os
 import re
+import uuid
 import zlib
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -86,6 +86,7 @@ class _JsonlBuilder(tfds.core.GeneratorBasedBuilder):
   def __init__(self, *, validation_dir: str = "", policy: str = "skip", **kwargs: Any) -> None:
     self._validation_dir = validation_dir
     self._policy = policy
+    self._beam_counts = ""  # Set by `_build` for a Beam conversion: where workers' counts go.
     self._bad_counts: dict[str, dict[str, int]] = {}
     super().__init__(**kwargs)
 
@@ -98,17 +99,66 @@ class _JsonlBuilder(tfds.core.GeneratorBasedBuilder):
         metadata=tfds.core.MetadataDict(),
     )
 
-  def _examples(self, split: str, files: Sequence[str], extra: dict[str, bytes] | None = None
-                ) -> Iterator[tuple[str, dict[str, bytes]]]:
+  def _examples(self, split: str, files: Sequence[str], extra: dict[str, bytes] | None = None):
+    """The split's ``(key, record)`` examples: a generator, or on Beam a ``PTransform`` reading
+    one file per element (its counts written to ``_beam_counts``, read back by `_build`)."""
+    if self._beam_counts:
+      return _beam_examples(split, files, self.SCHEMA, self._policy, extra, self._beam_counts)
+    return self._python_examples(split, files, extra)
+
+  def _python_examples(self, split: str, files: Sequence[str],
+                       extra: dict[str, bytes] | None) -> Iterator[tuple[str, dict[str, bytes]]]:
     stats = sources.RecordStats()
     for file_index, path in enumerate(files):
-      for lineno, record in sources.iter_records(path, self.SCHEMA, policy=self._policy,
-                                                 stats=stats):
-        if extra:
-          record = {**record, **{k: v for k, v in extra.items() if not record.get(k)}}
-        yield f"{file_index:06d}:{lineno:09d}", record
+      yield from _file_examples(file_index, path, self.SCHEMA, self._policy, extra, stats)
     self._bad_counts[split] = stats.as_dict()
     self.info.metadata["records"] = self._bad_counts
+
+
+def _file_examples(file_index: int, path: str, schema: sources.RecordSchema, policy: str,
+                   extra: dict[str, bytes] | None, stats: sources.RecordStats):
+  for lineno, record in sources.iter_records(path, schema, policy=policy, stats=stats):
+    if extra:
+      record = {**record, **{k: v for k, v in extra.items() if not record.get(k)}}
+    yield f"{file_index:06d}:{lineno:09d}", record
+
+
+def _beam_file(item: tuple[int, str], schema, policy, extra):
+  import apache_beam as beam  # pylint: disable=g-import-not-at-top
+  stats = sources.RecordStats()
+  yield from _file_examples(item[0], item[1], schema, policy, extra, stats)
+  yield beam.pvalue.TaggedOutput("counts", stats.as_dict())
+
+
+def _sum_counts(counts: Sequence[dict[str, int]]) -> dict[str, int]:
+  total: dict[str, int] = {}
+  for c in counts:
+    for k, v in c.items():
+      total[k] = total.get(k, 0) + v
+  return total
+
+
+def _write_counts(counts: dict[str, int], path: str) -> None:
+  with tf.io.gfile.GFile(path, "w") as f:
+    json.dump(counts, f)
+
+
+def _beam_examples(split: str, files: Sequence[str], schema, policy: str,
+                   extra: dict[str, bytes] | None, counts_dir: str):
+  """A ``PTransform`` of a split's examples on Beam: one element per file, the good/bad record
+  counts summed into ``<counts_dir>/<split>.json`` (TFDS metadata is written by the driver)."""
+  import apache_beam as beam  # pylint: disable=g-import-not-at-top
+
+  def expand(root):
+    out = (root | f"files_{split}" >> beam.Create(list(enumerate(files)))
+           | f"spread_{split}" >> beam.Reshuffle()
+           | f"read_{split}" >> beam.FlatMap(_beam_file, schema, policy, extra).with_outputs(
+               "counts", main="examples"))
+    _ = (out.counts | f"sum_{split}" >> beam.CombineGlobally(_sum_counts)
+         | f"write_counts_{split}" >> beam.Map(
+             _write_counts, os.path.join(counts_dir, f"{split}.json")))
+    return out.examples
+  return beam.ptransform_fn(expand)()  # pylint: disable=no-value-for-parameter
 
 
 class T5likeRedpajama(_JsonlBuilder):
@@ -130,7 +180,7 @@ class T5likeRedpajama(_JsonlBuilder):
             for split, files in splits.items()}
 
   def _generate_examples(self, split: str, files: Sequence[str]):
-    yield from self._examples(split, files)
+    return self._examples(split, files)
 
 
 class T5likeFlan(_JsonlBuilder):
@@ -166,7 +216,7 @@ class T5likeFlan(_JsonlBuilder):
     return gens
 
   def _generate_examples(self, split: str, files: Sequence[str], task: str):
-    yield from self._examples(split, files, extra={"task_name": task.encode("utf-8")})
+    return self._examples(split, files, extra={"task_name": task.encode("utf-8")})
 
 
 def _flan_parts(tasks: Sequence[sources.FlanTaskFiles], root: str
@@ -198,14 +248,35 @@ def _is_built(builder: _JsonlBuilder, root: str, expected: str) -> bool:
   return True
 
 
-def _build(builder: _JsonlBuilder, root: str) -> _JsonlBuilder:
+def _build(builder: _JsonlBuilder, root: str,
+           beam_options: Sequence[str] | None = None) -> _JsonlBuilder:
+  """Builds in this process, or on Beam with ``beam_options`` (pipeline flags; [] = the local
+  DirectRunner): TFDS runs the PTransforms of `_beam_examples`, then the workers' record counts
+  are put in the dataset's metadata."""
+  options = None
+  if beam_options is not None:
+    from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
+    options = PipelineOptions(list(beam_options))
+    builder._beam_counts = os.path.join(  # pylint: disable=protected-access
+        os.path.dirname(os.fspath(builder.data_dir)), f".records-{uuid.uuid4().hex}")
+    tf.io.gfile.makedirs(builder._beam_counts)  # pylint: disable=protected-access
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-      manual_dir=root, compute_stats=tfds.download.ComputeStatsMode.SKIP,
+      manual_dir=root, compute_stats=tfds.download.ComputeStatsMode.SKIP, beam_options=options,
       download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
+  if options is not None:
+    counts_dir = builder._beam_counts  # pylint: disable=protected-access
+    records = {}
+    for split in builder.info.splits:
+      with tf.io.gfile.GFile(os.path.join(counts_dir, f"{split}.json")) as f:
+        records[split] = json.load(f)
+    builder.info.metadata["records"] = records
+    builder.info.write_to_directory(builder.data_dir)
+    tf.io.gfile.rmtree(counts_dir)
   return builder
 
 
-def _prepare(builder: _JsonlBuilder, root: str, expected: str) -> _JsonlBuilder:
+def _prepare(builder: _JsonlBuilder, root: str, expected: str,
+             beam_options: Sequence[str] | None = None) -> _JsonlBuilder:
   """Builds ``builder`` from ``root`` unless already built from the same files."""
   if _is_built(builder, root, expected):
     return builder
@@ -213,13 +284,15 @@ def _prepare(builder: _JsonlBuilder, root: str, expected: str) -> _JsonlBuilder:
     raise sources.LayoutError(
         f"no TFDS conversion at {builder.data_dir} and no jsonl corpus root to build it from; "
         "set data.data_dir to the corpus root")
-  return _build(builder, root)
+  return _build(builder, root, beam_options)
 
 
 def prepare_redpajama(root: str, data_dir: str, *, subsets: Sequence[str] | None = None,
-                      validation_dir: str = "", policy: str = "skip"
+                      validation_dir: str = "", policy: str = "skip",
+                      beam_options: Sequence[str] | None = None
                       ) -> dict[str, T5likeRedpajama]:
-  """Converts (once) each RedPajama subset under ``root`` into ``t5like_redpajama/<subset>``.
+  """Converts (once) each RedPajama subset under ``root`` into ``t5like_redpajama/<subset>``
+  (on Beam with ``beam_options``: one element per file, a pipeline per subset).
 
   With ``root=""`` only already-converted subsets in ``data_dir`` are opened. Returns the builders
   (``builder.info.splits``, ``builder.info.metadata["records"]`` hold sizes and bad-record counts).
@@ -245,25 +318,19 @@ def prepare_redpajama(root: str, data_dir: str, *, subsets: Sequence[str] | None
                                                      sources.REDPAJAMA_LAYOUT)
                                  if validation_dir else [])
       expected = fingerprint(files, policy)
-    out[subset] = _prepare(builder, root, expected)
+    out[subset] = _prepare(builder, root, expected, beam_options)
   if not out:
     raise sources.LayoutError(f"no converted RedPajama subset in {data_dir} and no root given")
   return out
 
 
-def _convert_flan_part(job: tuple[str, str, str, str, list[sources.FlanTaskFiles]]) -> str:
-  """Builds one part (runs in a spawned process: TensorFlow is not fork-safe)."""
-  root, data_dir, part, policy, tasks = job
-  _build(T5likeFlan(config=part, data_dir=data_dir, policy=policy, tasks=tasks), root)
-  return part
-
-
-def prepare_flan(root: str, data_dir: str, *, policy: str = "skip", processes: int = 1
-                 ) -> dict[str, T5likeFlan]:
+def prepare_flan(root: str, data_dir: str, *, policy: str = "skip",
+                 beam_options: Sequence[str] | None = None) -> dict[str, T5likeFlan]:
   """Converts (once) a FLAN-layout corpus into the parts of ``t5like_flan``; {part: builder}.
 
-  Parts not yet built are built, those with tasks in up to ``processes`` spawned processes; a part
-  built from other files raises before anything is built. ``root=""`` opens a complete conversion.
+  Parts not yet built are built (on Beam with ``beam_options``: one element per task file); a
+  part built from other files raises before anything is built. ``root=""`` opens a complete
+  conversion.
   """
   flan_dir = os.path.join(data_dir, FLAN_NAME)
   if not root:
@@ -282,16 +349,10 @@ def prepare_flan(root: str, data_dir: str, *, policy: str = "skip", processes: i
   todo = [p for p in FLAN_PART_NAMES if not _is_built(
       T5likeFlan(config=p, data_dir=data_dir, policy=policy), root,
       _flan_fingerprint(by_part.get(p, []), policy))]
-  jobs = [(root, data_dir, p, policy, by_part.get(p, [])) for p in todo]
-  spawned = [j for j in jobs if j[4]] if processes > 1 else []
-  if len(spawned) > 1:  # Each process imports TensorFlow (seconds): worth it for 2+ parts.
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(min(processes, len(spawned)),
-                                                mp_context=ctx) as pool:
-      list(pool.map(_convert_flan_part, spawned))
-  for job in jobs:  # The rest here: all with one process, else the quick empty parts.
-    if len(spawned) < 2 or not job[4]:
-      _convert_flan_part(job)
+  for part in todo:  # An empty part is quick in this process; the others on Beam if asked.
+    tasks = by_part.get(part, [])
+    _build(T5likeFlan(config=part, data_dir=data_dir, policy=policy, tasks=tasks), root,
+           beam_options if tasks else None)
   return {p: T5likeFlan(config=p, data_dir=data_dir, policy=policy) for p in FLAN_PART_NAMES}
 
 

@@ -44,7 +44,8 @@ class HoldoutSource(seqio.DataSource):
     if not 0 < fraction < 1:
       raise ValueError(f"hold-out fraction must be in (0, 1), got {fraction}")
     self._base, self._fraction, self._field = base, fraction, field
-    super().__init__(splits=tuple(base.splits) + ("validation",), caching_permitted=False)
+    super().__init__(splits=tuple(base.splits) + ("validation",),
+                     caching_permitted=base.caching_permitted)
 
   @property
   def supports_arbitrary_sharding(self) -> bool:

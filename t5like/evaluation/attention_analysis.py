@@ -60,7 +60,8 @@ def _self_maps(stack, name, x_btd, ctx, valid_bt, cross=None, cross_valid_bs=Non
     idx = jnp.asarray(i)
     h = getattr(layer, norm)(x_btd)
     q, k, _ = getattr(layer, attn).project_qkv(h, h, ctx.rope_bt, ctx.rope_bt)
-    probs = attention_weights(q, k, layer_mask(ctx, idx))
+    cap = getattr(layer, attn).ops.soft_cap  # The model's own score formula.
+    probs = attention_weights(q, k, layer_mask(ctx, idx), cap)
     cross_maps = None
     if cross is not None:  # RedLLM decoder: cross-attention sees the post-self-attention stream.
       x1 = x_btd + layer.self_attention(h, h, ctx.rope_bt, ctx.rope_bt,
@@ -68,7 +69,7 @@ def _self_maps(stack, name, x_btd, ctx, valid_bt, cross=None, cross_valid_bs=Non
       h2 = layer.pre_cross_attention_norm(x1)
       qc, kc, _ = layer.cross_attention.project_qkv(h2, cross.encoded_bsd, ctx.rope_bt,
                                                      cross.enc_rope_bs)
-      cross_maps = attention_weights(qc, kc, cross.mask_bhts)
+      cross_maps = attention_weights(qc, kc, cross.mask_bhts, cap)
     x_btd, _ = layer(x_btd, ctx, idx, None, cross)
     out.append(LayerMaps(name, i, np.asarray(probs), np.asarray(x_btd), valid_bt, valid_bt))
     if cross_maps is not None:
@@ -78,8 +79,10 @@ def _self_maps(stack, name, x_btd, ctx, valid_bt, cross=None, cross_valid_bs=Non
 
 
 def attention_maps(model, batch: Mapping[str, jax.Array]) -> list[LayerMaps]:
-  """Every attention map of ``model`` (DecLLM or RedLLM, no dropout) on one batch."""
+  """Every attention map of ``model`` (DecLLM or RedLLM, no dropout) on one batch (numpy or JAX
+  arrays, e.g. the pipeline's ``held_out_batch``), each with the model's own score formula."""
   cfg = model.cfg
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
   if cfg.family == "decllm":
     tokens = batch["decoder_input_tokens"]
     seg = batch.get("decoder_segment_ids", jnp.ones_like(tokens))
@@ -220,19 +223,41 @@ def summarize(maps: list[LayerMaps]) -> list[dict[str, Any]]:
   return rows
 
 
+def panels(maps: list[LayerMaps], max_rows: int = 6) -> list[LayerMaps]:
+  """The sub-layers worth a row of heatmaps: the first and last layer of each stack (DecLLM:
+  its decoder; RedLLM: encoder, decoder self- and cross-attention), in the model's order."""
+  stacks = list(dict.fromkeys(m.stack for m in maps))
+  picked = []
+  for s in stacks:
+    of = [m for m in maps if m.stack == s]
+    picked += [of[0]] + ([of[-1]] if len(of) > 1 else [])
+  picked.sort(key=lambda m: (stacks.index(m.stack), m.layer))
+  return picked[:max_rows]
+
+
 def plot_heads(maps: list[LayerMaps], output_path, *, row: int = 0, max_heads: int = 4,
                title: str = "") -> None:
-  """A grid of heatmaps (one row per sub-layer, one column per head) of batch row ``row``."""
+  """A grid of heatmaps (one row per sub-layer, one column per head) of batch row ``row``:
+  queries down, keys across (the analysed tokens), one colour bar of attention probability."""
   from t5like.evaluation.plots import figure_grid, save
-  fig, axes = figure_grid(len(maps), min(max_heads, maps[0].probs_bhts.shape[1]))
-  for i, m in enumerate(maps):
-    qi, ki = np.nonzero(m.q_valid_bt[row])[0], np.nonzero(m.k_valid_bs[row])[0]
-    for j in range(axes.shape[1]):
+  heads = min(max_heads, maps[0].probs_bhts.shape[1])
+  fig, axes = figure_grid(len(maps), heads)
+  shown = [m.probs_bhts[row, :heads][:, np.nonzero(m.q_valid_bt[row])[0]][
+      :, :, np.nonzero(m.k_valid_bs[row])[0]] for m in maps]
+  top = max((float(p.max()) for p in shown if p.size), default=1.0) or 1.0
+  image = None
+  for i, (m, p) in enumerate(zip(maps, shown)):
+    for j in range(heads):
       ax = axes[i, j]
-      ax.imshow(m.probs_bhts[row, j][np.ix_(qi, ki)], cmap="viridis", aspect="auto")
+      image = ax.imshow(p[j], cmap="viridis", aspect="auto", vmin=0.0, vmax=top)
       ax.set_title(f"{m.stack} L{m.layer} H{j}", fontsize=7)
       ax.set_xticks([])
       ax.set_yticks([])
+    axes[i, 0].set_ylabel("query", fontsize=7)
+  for ax in axes[-1]:
+    ax.set_xlabel("key", fontsize=7)
   if title:
     fig.suptitle(title, fontsize=9)
-  save(fig, output_path)
+  fig.tight_layout(rect=(0.0, 0.0, 0.9, 1.0))  # The right tenth: the colour bar.
+  fig.colorbar(image, cax=fig.add_axes((0.92, 0.1, 0.015, 0.8)), label="attention probability")
+  save(fig, output_path, tight=False)

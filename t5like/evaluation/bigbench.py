@@ -11,10 +11,11 @@ compared), ``metrics`` (e.g. ``multiple_choice_grade``, ``exact_str_match``) and
 seqio tasks (``seqio:NAME[@split][#N]``) load as generative tasks.
 
 Prompts, choice order and few-shot examples follow BIG-bench's JSON-task rules (docs/evaluation.md):
-duplicate examples (identical JSON) are dropped when the file is read; one
-``numpy.random.RandomState(seed)`` (BIG-bench's seed 42) permutes the *sorted* choices of each
-multiple-choice example, in example order, when they are appended to the input; a k-shot prompt
-draws, with the same generator continued, k other examples and one of each one's answers.
+duplicate examples (identical JSON) are dropped when the file is read; a fresh
+``numpy.random.RandomState(42)`` per example permutes its *sorted* choices when they are appended
+to the input (``json_task.default_format_fn`` gets a new generator for every example); the k-shot
+prompts draw k other examples and one answer of each from a second ``RandomState(42)`` of their
+own, continued across the examples in order (``make_nshot_dataset``).
 """
 from __future__ import annotations
 
@@ -67,13 +68,15 @@ class Task:
   fmt: dict[str, Any]  # Prompt-format fields (DEFAULTS overridden by the file).
   duplicates: int = 0  # Examples dropped as exact duplicates of an earlier one.
 
-  def _formatted(self, rng) -> list[str]:
+  def _formatted(self, seed: int) -> list[str]:
     """Each example as BIG-bench formats it: input prefix, input, the appended choices (a
-    permutation of the sorted options drawn from ``rng``, in example order), output prefix."""
+    permutation of the sorted options by a fresh ``RandomState(seed)`` per example), output
+    prefix."""
     f, out = self.fmt, []
     for ex in self.examples:
       text = f["example_input_prefix"] + ex.input
       if ex.is_multiple_choice and f["append_choices_to_input"]:
+        rng = np.random.RandomState(seed)  # A new generator for each example, as BIG-bench.
         shown = [str(c) for c in rng.permutation(sorted(ex.choices))]
         text += "".join(f["choice_prefix"] + c for c in shown)
       out.append(text + f["example_output_prefix"])
@@ -83,16 +86,16 @@ class Task:
     """The model's context for every example with ``k`` shots (its answer is scored or
     generated after it): ``task_prefix`` + [k shots joined and followed by the separator] +
     the formatted example. Each shot is another example (drawn without replacement) followed
-    by one of its answers (drawn), from the generator that ordered the choices."""
-    rng = np.random.RandomState(seed)
-    formatted = self._formatted(rng)
+    by one of its answers (drawn), from one ``RandomState(seed)`` continued over the examples
+    (not the generators that ordered the choices)."""
+    formatted = self._formatted(seed)
     prefix, sep = self.fmt["task_prefix"], self.fmt["few_shot_example_separator"]
     if k <= 0:
       return [prefix + q for q in formatted]
     n = len(self.examples)
     if n < k + 1:
       raise ValueError(f"task {self.name} has {n} distinct examples: too few for {k} shots")
-    out = []
+    out, rng = [], np.random.RandomState(seed)  # make_nshot_dataset's own generator.
     for i in range(n):
       others = [j for j in range(n) if j != i]
       shots = []

@@ -15,10 +15,12 @@ def figure_grid(rows: int, cols: int, cell: float = 1.8):
   return fig, np.asarray(axes)
 
 
-def save(fig, path) -> str:
-  """Writes ``fig`` as PNG to ``path`` (local or a URI such as gs://) and closes it."""
+def save(fig, path, tight: bool = True) -> str:
+  """Writes ``fig`` as PNG to ``path`` (local or a URI such as gs://) and closes it; ``tight``:
+  lays it out first (False: the caller did, e.g. around a colour bar)."""
   import matplotlib.pyplot as plt
-  fig.tight_layout()
+  if tight:
+    fig.tight_layout()
   with epath.Path(path).open("wb") as f:
     fig.savefig(f, format="png")
   plt.close(fig)

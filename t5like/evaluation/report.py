@@ -19,18 +19,42 @@ def _names(results) -> dict[str, str]:
           for p, c in results["checkpoints"].items()}
 
 
+def _loss_over(length: dict, key: str) -> str:
+  loss, tokens = length.get("loss", {}).get(key), length.get("tokens", {}).get(key)
+  if loss is None:
+    return "-"
+  return f"{loss:.4g}" + (f" ({tokens:.0f})" if isinstance(tokens, (int, float)) else "")
+
+
+def _missing(results, suite: str, names) -> list[str]:
+  """Under a section: which checkpoints it leaves out, and why (the suite's error)."""
+  return [f"*Not shown for {names[p]}: the {suite} suite failed ({c[suite]['error']}).*"
+          for p, c in results["checkpoints"].items()
+          if isinstance(c.get(suite), dict) and "error" in c[suite]] + [""]
+
+
 def write_markdown(results: dict[str, Any]) -> str:
   names = _names(results)
   ck = results["checkpoints"]
   md = ["# Evaluation report", "", f"Suites: {', '.join(results['suites'])}.", ""]
   md += _table(("checkpoint", "path", "config sha256"),
                [(names[p], c["checkpoint"], c["config_sha256"][:12]) for p, c in ck.items()])
+  failed = [(s, p, c[s]["error"]) for p, c in ck.items() for s in results["suites"]
+            if isinstance(c.get(s), dict) and "error" in c[s]]
+  if failed:
+    md += ["**Failed suites** (their results are missing below):", ""] + [
+        f"- {s} for {names[p]}: {e}" for s, p, e in failed] + [""]
   if "ppl" in results["suites"]:
-    md += ["## Held-out loss (target halves, same tokens for both families)", ""]
+    md += ["## Held-out loss (target halves, same tokens for both families)", "",
+           "Mean cross-entropy in nats per target token over the `tokens` target tokens: the "
+           "target half of each mid-split held-out chunk, in the first batches of the "
+           "validation split (`--max_batches`). Other sample sizes give other numbers (the "
+           "length table's x1 uses rows of 4; `eval.py` without `--suite` the whole split).", ""]
     md += _table(("checkpoint", "loss", "perplexity", "accuracy", "tokens"), [
         (names[p], c["ppl"].get("eval_loss", c["ppl"].get("error")),
          c["ppl"].get("eval_perplexity", "-"), c["ppl"].get("eval_accuracy", "-"),
          c["ppl"].get("eval_tokens", "-")) for p, c in ck.items()])
+    md += _missing(results, "ppl", names)
   if "tasks" in results["suites"]:
     md += ["## Downstream tasks", ""]
     rows = []
@@ -47,10 +71,13 @@ def write_markdown(results: dict[str, Any]) -> str:
       md += ["Task files that could not be read:", ""] + [
           f"- `{f}`: {e}" for f, e in results["task_errors"].items()] + [""]
   if "length" in results["suites"]:
-    md += ["## Length extrapolation (held-out loss at k x the training length)", ""]
+    md += ["## Length extrapolation (held-out loss at k x the training length)", "",
+           "Nats per target token, as above, over batches of 4 rows at each length (target "
+           "tokens scored in parentheses).", ""]
     md += _table(("checkpoint",) + tuple(f"x{k}" for k in (1, 2, 4, 8)), [
-        (names[p],) + tuple(c["length"].get("loss", {}).get(f"x{k}", "-") for k in (1, 2, 4, 8))
+        (names[p],) + tuple(_loss_over(c["length"], f"x{k}") for k in (1, 2, 4, 8))
         for p, c in ck.items()])
+    md += _missing(results, "length", names)
   if "cost" in results["suites"]:
     md += ["## Inference cost (analytic forward FLOPs per sequence, docs/flops.md)", ""]
     rows = []
@@ -58,6 +85,7 @@ def write_markdown(results: dict[str, Any]) -> str:
       for lengths, f in c["cost"].get("flops", {}).items():
         rows.append((names[p], lengths, f["prefill"], f["decode"], f["total"]))
     md += _table(("checkpoint", "input+output", "prefill", "decode", "total"), rows)
+    md += _missing(results, "cost", names)
     measured = [(names[p], f"{m['batch']} x {m['input']}+{m['output']}", m["sequences_per_s"],
                  m["new_tokens_per_s"]) for p, c in ck.items()
                 if isinstance(m := c["cost"].get("measured"), dict)]
@@ -74,6 +102,7 @@ def write_markdown(results: dict[str, Any]) -> str:
                   "mean distance"), rows)
     md += [f"![{c['attention']['heatmaps']}]({c['attention']['heatmaps']})"
            for c in ck.values() if "heatmaps" in c.get("attention", {})] + [""]
+    md += _missing(results, "attention", names)
   if "experts" in results["suites"]:
     md += ["## Expert assignment (MoE layers)", ""]
     rows = [(names[p], layer, f"{a['entropy']:.3f} / {a['max_entropy']:.3f}",
@@ -82,6 +111,7 @@ def write_markdown(results: dict[str, Any]) -> str:
     md += _table(("checkpoint", "layer", "load entropy / max (nats)", "routed pairs"), rows)
     md += [f"![{c['experts']['heatmaps']}]({c['experts']['heatmaps']})"
            for c in ck.values() if "heatmaps" in c.get("experts", {})] + [""]
+    md += _missing(results, "experts", names)
   md += [f"![{png}]({png})" for png in results.get("plots", [])]
   return "\n".join(md) + "\n"
 
@@ -114,8 +144,11 @@ def plots(results: dict[str, Any], output_dir: str) -> list[str]:
     ax = axes[0, 0]
     for f, loss, name in points:
       ax.scatter([f], [loss], label=name)
-    ax.set_xlabel("inference FLOPs per sequence (first cost length)")
-    ax.set_ylabel("held-out loss")
+    lengths = next(iter(ck.values()))["cost"]["flops"]
+    ax.set_xlabel(f"inference FLOPs per sequence ({next(iter(lengths))} tokens)", labelpad=14)
+    ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+    ax.xaxis.get_offset_text().set_fontsize(7)
+    ax.set_ylabel("held-out loss (nats / target token, ppl table)")
     ax.legend(fontsize=7)
     out.append(epath.Path(save(fig, epath.Path(output_dir) / "quality_vs_cost.png")).name)
   return out

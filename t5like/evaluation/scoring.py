@@ -9,7 +9,7 @@
   positions exactly as in training.
 
 Rows are right-padded to lengths rounded up to ``PAD_MULTIPLE`` (few compilations) and scored in
-batches by one jitted forward. Contexts longer than ``max_context`` are cut from the left (the
+batches by one jitted forward (MoE layers dropless). Contexts longer than ``max_context`` are cut from the left (the
 start of a few-shot prompt goes first) and counted, or rejected with ``on_long="error"``.
 """
 from __future__ import annotations
@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from t5like.models.moe import route_dropless
 
 log = logging.getLogger(__name__)
 PAD_MULTIPLE = 32
@@ -102,7 +104,10 @@ def option_loglikelihoods(model, pairs: Sequence[tuple[list[int], list[int]]], *
   """Sum of log p(option tokens | context) for each (context ids, option ids) pair.
 
   Contexts must be non-empty for RedLLM (the encoder input) and options non-empty for both.
+  MoE layers route dropless (``moe.route_dropless``): an option's score never depends on which
+  other rows share its batch.
   """
+  model = route_dropless(model)
   out: list[float] = []
   for i in range(0, len(pairs), batch_size):
     chunk = list(pairs[i:i + batch_size])

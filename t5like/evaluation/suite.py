@@ -6,24 +6,46 @@ Suites: ``ppl`` (held-out loss on the target halves, like for like across famili
 ``attention`` (rank, Dong ratio, locality, heatmaps), ``experts`` (MoE checkpoints: expert
 assignment per data subset, preferred tokens, load entropy; ``experts.py``). Writes ``results.json`` (every number, checkpoint path, step, config hash, task file
 hashes), ``report.md`` and PNGs into the output directory. A suite that fails for one checkpoint
-is recorded with its error; the others still run.
+is recorded with its error (one log line; the traceback with ``T5LIKE_DEBUG=1``) and the others
+still run; ``check_failures`` then fails the command, naming each suite and checkpoint, after the
+report (which says what is missing and why) is written.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import os
 import time
 from typing import Any, Sequence
 
 from etils import epath
 
 from t5like.config import ConfigError
+from t5like.errors import UserError
 from t5like.evaluation import bigbench, cost
 
 log = logging.getLogger(__name__)
 SUITES = ("ppl", "tasks", "length", "cost", "attention", "experts")
 FACTORS = (1, 2, 4, 8)
+
+
+class SuiteFailed(UserError):
+  """One or more suites failed for a checkpoint (the report says which and why)."""
+
+
+def failures(results: dict) -> list[tuple[str, str, str]]:
+  """(suite, checkpoint path, error) of every suite that failed."""
+  return [(name, path, c[name]["error"]) for path, c in results["checkpoints"].items()
+          for name in results["suites"] if isinstance(c.get(name), dict) and "error" in c[name]]
+
+
+def check_failures(results: dict, output_dir: str) -> None:
+  """Raises ``SuiteFailed`` (one line per failed suite) if any suite failed."""
+  bad = failures(results)
+  if bad:
+    raise SuiteFailed("\n".join(f"suite {s} failed for {p}: {e}" for s, p, e in bad)
+                      + f"\n(the other results: {output_dir}/report.md)")
 
 
 def _train_lengths(cfg) -> tuple[int, int]:
@@ -43,12 +65,14 @@ def _ppl(path, step, max_batches, overrides=()):
 
 def _length(path, step, cfg, max_batches):
   inp, tgt = _train_lengths(cfg)
-  curve = {}
+  curve, tokens = {}, {}
   for k in FACTORS:
-    curve[f"x{k}"] = _ppl(path, step, max_batches, (
+    scores = _ppl(path, step, max_batches, (
         f"data.inputs_length={k * inp}", f"data.targets_length={k * tgt}",
-        f"data.sequence_length={k * (inp + tgt)}", "train.eval_batch_size=4"))["eval_loss"]
-  return {"train_input_length": inp, "train_target_length": tgt, "loss": curve}
+        f"data.sequence_length={k * (inp + tgt)}", "train.eval_batch_size=4"))
+    curve[f"x{k}"], tokens[f"x{k}"] = scores["eval_loss"], scores.get("eval_tokens")
+  return {"train_input_length": inp, "train_target_length": tgt, "loss": curve,
+          "tokens": tokens}
 
 
 def _cost(model, cfg, lengths: Sequence[tuple[int, int]]) -> dict[str, Any]:
@@ -71,7 +95,7 @@ def _attention(model, cfg, output_dir, tag):
   from t5like.evaluation import attention_analysis as aa
   maps = aa.attention_maps(model, aa.held_out_batch(cfg, 4))
   png = epath.Path(output_dir) / f"attention_{tag}.png"
-  aa.plot_heads(maps[:4], png, title=f"{tag}: attention maps, held-out row 0")
+  aa.plot_heads(aa.panels(maps), png, title=f"{tag}: attention maps, held-out row 0")
   return {"layers": aa.summarize(maps), "heatmaps": png.name}
 
 
@@ -118,10 +142,22 @@ def evaluate_one(path: str, suites: Sequence[str], *, step: int | None, tasks, s
   for name in suites:
     try:
       out[name] = jobs[name]()
+      png = out[name].get("heatmaps") if isinstance(out[name], dict) else None
+      if png is not None and not (epath.Path(output_dir) / png).exists():
+        raise RuntimeError(f"it wrote no plot ({png} is missing)")
     except Exception as e:  # noqa: BLE001 — recorded; the other suites still run.
-      log.exception("suite %s failed for %s", name, path)
-      out[name] = {"error": f"{type(e).__name__}: {e}"}
+      first = (str(e).splitlines() or [""])[0][:500]
+      log.error("suite %s failed for %s: %s: %s", name, path, type(e).__name__, first,
+                exc_info=os.environ.get("T5LIKE_DEBUG", "") not in ("", "0"))
+      out[name] = {"error": f"{type(e).__name__}: {first}"}
   return out
+
+
+def all_plots(results: dict) -> list[str]:
+  """Every PNG of a suite run: the side-by-side plots and each checkpoint's maps."""
+  return list(results["plots"]) + [
+      c[name]["heatmaps"] for c in results["checkpoints"].values() for name in results["suites"]
+      if isinstance(c.get(name), dict) and "heatmaps" in c[name]]
 
 
 def run_suite(paths: Sequence[str], suites: Sequence[str], *, output_dir: str,

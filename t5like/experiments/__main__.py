@@ -7,7 +7,8 @@
 Experiments are ``configs/experiments/<name>.py`` (the checkout's configs/, or ``./configs``, or
 ``$T5LIKE_CONFIGS``). Re-running skips finished runs; the report (``report.md``,
 ``results.json``, PNGs) is rewritten from all results each time. Expected errors print as
-``error: ...`` (``--debug`` or ``T5LIKE_DEBUG=1``: with the traceback).
+``error: ...`` (``--debug`` or ``T5LIKE_DEBUG=1``: with the traceback). Of several experiments,
+one that fails is reported in one line and the others still run; the command then fails.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import sys
 
 from t5like import cli
 from t5like.config import ConfigError
+from t5like.errors import UserError
 from t5like.experiments.runner import configs_dir, run_experiment
 
 
@@ -130,10 +132,26 @@ def _main(argv: list[str]) -> int:
   from t5like import runtime
   runtime.init_tensorflow()
   _compilation_cache(args.output_dir)
+  failed = []
   for name in names:
     out = args.output_dir if len(names) == 1 else os.path.join(args.output_dir, name)
-    run_one(name, budget, out)
+    try:
+      run_one(name, budget, out)
+    except Exception as e:  # noqa: BLE001 - one line; the experiments after it still run.
+      failed.append(f"experiment {name} failed: {type(e).__name__}: "
+                    f"{(str(e).splitlines() or [''])[0][:300]}")
+      print(f"  {failed[-1]}", flush=True)
+      if cli.debugging(argv):
+        import traceback
+        traceback.print_exception(e)
+  if failed:
+    raise ExperimentsFailed("\n".join(failed) + f"\n({len(names) - len(failed)} of "
+                            f"{len(names)} experiments finished; --debug for the tracebacks)")
   return 0
+
+
+class ExperimentsFailed(UserError):
+  """Some experiments of ``all`` (or a list) failed; the others ran."""
 
 
 if __name__ == "__main__":

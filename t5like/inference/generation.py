@@ -96,18 +96,23 @@ def _prefill(model, plan: _Plan, tokens_bp, lens_b):
     logits, state = steps.decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp,
                                          p + m - 1)
     # Token t (t >= 1) is fed at slot p + t - 1, position len + t - 1.
-    step = lambda y, t, c: steps.decllm_decode(model, y, lens_b + t - 1,  # noqa: E731
-                                               p + t - 1, c)
+    step = lambda y, t, c, live=None: steps.decllm_decode(  # noqa: E731
+        model, y, lens_b + t - 1, p + t - 1, c, live)
     return logits, state, step
   enc_len_b = jnp.sum(tokens_bp > 0, axis=1).astype(jnp.int32)
   pos0_b = enc_len_b if model.cfg.continuous_positions else jnp.zeros_like(lens_b)
   logits, state = steps.redllm_prefill(model, tokens_bp, pos0_b, m)
-  step = lambda y, t, c: steps.redllm_decode(model, y, pos0_b + t, t, c)  # noqa: E731
+  step = lambda y, t, c, live=None: steps.redllm_decode(  # noqa: E731
+      model, y, pos0_b + t, t, c, live)
   return logits, state, step
 
 
-def _run(graphdef, plan: _Plan, params, tokens_bp, lens_b, rng):
-  """Jitted body: prefill, first token, then a while loop; returns tokens [batch, new]."""
+def _run(graphdef, plan: _Plan, params, tokens_bp, lens_b, rng, real_b=None):
+  """Jitted body: prefill, first token, then a while loop; returns tokens [batch, new]. A step's
+  tokens of finished rows and of filler rows (``real_b`` false; default none) are not counted as
+  tokens (MoE loads)."""
+  if real_b is None:
+    real_b = jnp.ones(tokens_bp.shape[:1], bool)
   model = nnx.merge(graphdef, params)
   logits, state, step = _prefill(model, plan, tokens_bp, lens_b)
   backend = ops.backend(model.cfg)
@@ -121,7 +126,7 @@ def _run(graphdef, plan: _Plan, params, tokens_bp, lens_b, rng):
 
   def body(carry):
     t, y_b, out_bm, done_b, state = carry
-    logits, state = step(y_b, t, state)
+    logits, state = step(y_b, t, state, real_b & ~done_b)
     y_b = sample(logits, key(t), plan.sampling, backend)
     out_bm = jax.lax.dynamic_update_slice(out_bm, y_b[:, None], (0, t))
     return t + 1, y_b, out_bm, done_b | (y_b == plan.eos_id), state
@@ -192,16 +197,18 @@ class Generator:
     shards = partitioning.data_shards(self.mesh) if self.mesh is not None else 1
     batch = -(-len(rows) // shards) * shards
     tokens, lens = _pad_inputs(rows, self.cfg.family, batch)
+    real = np.arange(batch) < len(rows)
     plan = _Plan(self.cfg.family, tokens.shape[1], max_new_tokens, eos_id, sampling)
     fn = _compiled(self.cfg, self._graphdef, self._module_types, plan)
     if self.mesh is None:
-      tokens, lens = jnp.asarray(tokens), jnp.asarray(lens)
+      tokens, lens, real = jnp.asarray(tokens), jnp.asarray(lens), jnp.asarray(real)
     else:
       rows_sharding = partitioning.batch_sharding(self.mesh)
       tokens = jax.device_put(tokens, rows_sharding)
-      lens = jax.device_put(lens, NamedSharding(self.mesh, PartitionSpec(rows_sharding.spec[0])))
+      per_row = NamedSharding(self.mesh, PartitionSpec(rows_sharding.spec[0]))
+      lens, real = jax.device_put(lens, per_row), jax.device_put(real, per_row)
     with self._on_mesh():
-      out = fn(self._params, tokens, lens, rng)
+      out = fn(self._params, tokens, lens, rng, real)
     result = []
     for row in np.asarray(out)[:len(rows)].tolist():
       result.append(row[:row.index(eos_id)] if eos_id in row else row)

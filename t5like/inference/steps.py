@@ -31,6 +31,7 @@ from t5like.models.attention import KVCache
 from t5like.models.blocks import CrossContext, SelfContext
 from t5like.models.decllm import self_context
 from t5like.models.layers import COMPUTE_CAST, dtype
+from t5like.models.moe import route_dropless
 from t5like.models.rotary import rotary_table
 
 
@@ -46,7 +47,8 @@ def decode_layout(model) -> nnx.Module:
   casts to the compute dtype (``layers.COMPUTE_CAST``: dense kernels, embedding tables) are held
   in it: a bf16 model's decode step then reads them at 2 bytes, not 4, and casts nothing
   (converting them every token was ~40 % of a 1B model's decode step on a GPU). The tokens and
-  logits are those of the stored weights: every use casts them the same way."""
+  logits are those of the stored weights: every use casts them the same way. MoE layers route
+  dropless (``moe.route_dropless``): no routed token is ever dropped at generation."""
   graphdef, state = nnx.split(model)
   dt = dtype(model.cfg.dtype)
 
@@ -58,7 +60,7 @@ def decode_layout(model) -> nnx.Module:
     return v
 
   state = jax.tree.map(held, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-  copy = nnx.merge(graphdef, state)
+  copy = route_dropless(nnx.merge(graphdef, state))
   copy.decoder = copy.decoder.unstacked()
   return copy
 
@@ -74,10 +76,13 @@ def mark_valid(valid_bs: jax.Array, slot: jax.Array | int) -> jax.Array:
                                       (jnp.zeros((), jnp.int32), jnp.asarray(slot, jnp.int32)))
 
 
-def _step_context(cfg, position_b: jax.Array, valid_bs: jax.Array, slot) -> SelfContext:
+def _step_context(cfg, position_b: jax.Array, valid_bs: jax.Array, slot,
+                  live_b: jax.Array | None) -> SelfContext:
+  """``live_b``: rows still generating (finished and filler rows are not counted as tokens)."""
   rope_b1 = rotary_table(ops.backend(cfg), position_b[:, None], cfg.head_dim,
                          cfg.rope_max_wavelength)
-  return SelfContext(rope_b1, valid_bs[:, None, None, :], None, cache_index=slot)
+  return SelfContext(rope_b1, valid_bs[:, None, None, :], None, cache_index=slot,
+                     valid_bt=None if live_b is None else live_b[:, None])
 
 
 def decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp, slots: int):
@@ -102,10 +107,11 @@ def decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp, slots: int):
   return model.head(x_bpd[:, -1:])[:, 0], DecodeState(cache, valid_bs)
 
 
-def decllm_decode(model, token_b, position_b, slot, state: DecodeState):
-  """One token per row at cache ``slot``; returns (logits [batch, vocab], state)."""
+def decllm_decode(model, token_b, position_b, slot, state: DecodeState, live_b=None):
+  """One token per row at cache ``slot`` (``live_b``: rows still generating, default all);
+  returns (logits [batch, vocab], state)."""
   valid_bs = mark_valid(state.valid_bs, slot)
-  ctx = _step_context(model.cfg, position_b, valid_bs, slot)
+  ctx = _step_context(model.cfg, position_b, valid_bs, slot, live_b)
   x_b1d, cache = model.hidden(token_b[:, None], ctx, cache=state.layers)
   return model.head(x_b1d)[:, 0], DecodeState(cache, valid_bs)
 
@@ -123,10 +129,11 @@ def redllm_prefill(model, enc_tokens_bs, pos0_b, slots: int):
   return logits_bv, state._replace(cross=cross._replace(encoded_bsd=None))
 
 
-def redllm_decode(model, token_b, position_b, slot, state: DecodeState):
+def redllm_decode(model, token_b, position_b, slot, state: DecodeState, live_b=None):
   """One decoder token per row (causal self-attention over the cache, cross-attention to the
-  encoder with RoPE as in training); returns (logits [batch, vocab], state)."""
+  encoder with RoPE as in training; ``live_b`` as in ``decllm_decode``); returns (logits
+  [batch, vocab], state)."""
   valid_bs = mark_valid(state.valid_bs, slot)
-  ctx = _step_context(model.cfg, position_b, valid_bs, slot)
+  ctx = _step_context(model.cfg, position_b, valid_bs, slot, live_b)
   x_b1d, layers = model.decoder_hidden(token_b[:, None], ctx, state.cross, cache=state.layers)
   return model.head(x_b1d)[:, 0], DecodeState(layers, valid_bs, state.cross)

@@ -23,7 +23,7 @@ class SelfContext(NamedTuple):
   """Per-call inputs every layer of a stack shares (closed over by the layer scan)."""
   rope_bt: Rotary  # sin / cos of the [batch, length] RoPE positions, computed once per call.
   mask_fwd: jax.Array | MaskSpec  # [batch, heads|1, length, length] mask of forward (or all)
-  #   layers; a MaskSpec for the fused kernels (model.attention_impl != "xla").
+  #   layers; a MaskSpec for the fused kernels (splash / cudnn).
   mask_bwd: jax.Array | None  # Mask of backward layers (mixed_attention="per_layer"), else None.
   causal: bool = False  # The masks allow no key after its query (the core skips those blocks).
   cache_index: jax.Array | int = 0  # With a KV cache: the slot of this call's first token (the

@@ -38,7 +38,7 @@ def self_context(cfg: ModelConfig, segment_ids_bt: jax.Array, positions_bt: jax.
   rope_bt = rotary_table(ops_lib.backend(cfg), positions_bt, cfg.head_dim,
                          cfg.rope_max_wavelength)
   valid_bt = segment_ids_bt > 0 if valid_bt is None else valid_bt
-  if cfg.attention_impl != "xla" and not materialize:
+  if ops_lib.backend(cfg).fused and not materialize:
     return SelfContext(rope_bt, spec, None, valid_bt=valid_bt)
   bwd = masks.materialize(spec._replace(backward=True)) if mixed == "per_layer" else None
   return SelfContext(rope_bt, masks.materialize(spec), bwd, causal=kind == "causal",

@@ -251,6 +251,20 @@ class MoEFeedForward(nnx.Module):
     return y_btd.astype(dt)
 
 
+def route_dropless(model: nnx.Module) -> nnx.Module:
+  """A copy of ``model`` (the same arrays) whose MoE layers all route dropless: generation and
+  scoring use it. A capacity is a training device (fixed-size buffers for expert parallelism);
+  at inference it would make a token's experts depend on which other tokens share its step (a
+  decode step's T is its rows), so every routed pair is computed instead — the model's own
+  dropless path, and the full forward's routing exactly."""
+  copy = nnx.merge(*nnx.split(model))
+  for _, module in nnx.iter_modules(copy):
+    if isinstance(module, MoEFeedForward) and module.cfg.moe.capacity_factor > 0:
+      module.cfg = dataclasses.replace(
+          module.cfg, moe=dataclasses.replace(module.cfg.moe, capacity_factor=0.0))
+  return copy
+
+
 # Where a layer stack keeps its MoE layers' bias, below the stack's own path.
 BIAS_PATH = ("layers", "mlp", "router", "bias")
 

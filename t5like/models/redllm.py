@@ -131,7 +131,7 @@ class RedLLM(nnx.Module):
     ctx = self_context(cfg, segment_ids_bt, self.decoder_positions(batch, enc), "causal",
                        valid_bt=real_tokens(batch, "decoder_segment_ids", "decoder_target_tokens"))
     spec = masks.MaskSpec(segment_ids_bt, enc.segment_ids_bs, "cross")
-    cross = self.cross_context(enc, spec if cfg.attention_impl != "xla" else
+    cross = self.cross_context(enc, spec if ops_lib.backend(cfg).fused else
                                masks.materialize(spec))
     x_btd, _ = self.decoder_hidden(tokens_bt, ctx, cross, dropout_rng=dropout_rng)
     return self.head(x_btd, dropout_rng=dropout_rng)

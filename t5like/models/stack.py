@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from t5like import ops
 from t5like.config.model import ModelConfig
 from t5like.models.blocks import CrossContext, SelfContext
 from t5like.models import moe
@@ -35,8 +34,7 @@ def remat_policy(name: str):
       "none": None,
       "full": cp.nothing_saveable,
       "dots": cp.checkpoint_dots,
-      "dots_no_batch": cp.save_from_both_policies(
-          cp.dots_with_no_batch_dims_saveable, cp.save_only_these_names(*ops.SAVED_NAMES)),
+      "dots_no_batch": cp.dots_with_no_batch_dims_saveable,
       "attention_out": cp.save_only_these_names("attention_out"),
   }[name]
 

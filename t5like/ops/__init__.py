@@ -1,109 +1,98 @@
-"""The operations the model calls, and the one place that chooses who computes them.
+"""The operations the model calls, and the one place that chooses its attention core.
 
-``t5like/models`` is the architecture in reference form; every product, norm, rotation,
-attention core and argmax it computes goes through a backend (``backend(cfg)``), whose
-reference forms (``reference.py``: plain ``jnp`` / ``jax.nn``) define the values:
+``t5like/models`` is the architecture; every product, norm, rotation, attention core and argmax
+it computes goes through ``backend(cfg)``: the reference forms of ``reference.py`` (plain
+``jnp`` / ``jax.nn``, the paper's formulas), the same on every platform. The only other
+implementations are the fused attention cores of ``fused_attention.py`` (``splash`` on TPUs,
+``cudnn`` / cuDNN's packed layout on NVIDIA GPUs), which take a ``models.masks.MaskSpec``
+instead of a materialised ``[batch, heads, q, kv]`` mask.
 
-==============  ========================================================================
-``reference``   the formulas as written (``reference.py``).
-``xla``         the forms XLA:CPU measurements chose, for any device (``xla.py``).
-``xla_cpu``     ``xla`` plus XLA:CPU's fast-path layouts and custom VJPs (``xla_cpu.py``).
-``cpu_kernels`` ``xla_cpu`` plus the C++ kernels of ``t5like/kernels`` (``cpu_kernels.py``).
-==============  ========================================================================
+``model.attention_impl`` (``resolve``, once where the model is built; logged with its reason):
+``auto`` (the default) picks by the mesh's platform — an ahead-of-time compile for a TPU slice on
+a CPU host decides as the slice would, and every host alike:
 
-``model.attention_impl`` (``splash`` / ``cudnn``) picks the fused core any backend hands a
-``MaskSpec`` mask to (``fused_attention.py``).
+- TPU: ``splash`` for every config it serves (not: attention-probability dropout, a mixed
+  forward/backward PrefixLM mask);
+- GPU: ``cudnn`` on Hopper or newer (compute capability >= 9) in bfloat16 / float16 with causal
+  or full masks, head_dim a multiple of 8 up to 256 and no attention dropout (packed rows through
+  the packed layout);
+- otherwise (CPU; the configs above the fused cores cannot serve) ``reference``, the core of
+  ``reference.py`` over the materialised mask.
 
-Choice (``resolve``, once per run, where the model is built; logged): ``model.ops``, by
-default ``auto``: on CPU devices ``cpu_kernels`` where the kernels' library is built and the
-run is on one device, else ``xla_cpu``; on TPU/GPU ``xla`` (on TPU, XLA's cost model estimates
-``reference`` faster, but some of its programs need more memory, e.g. redllm_1b at
-``dots_no_batch``: not switched without a TPU step time, docs/compile.md). The platform is that of
-the mesh's devices when a mesh is given (an ahead-of-time compile for a TPU slice on a CPU
-host), else JAX's default backend, so every host decides alike. Overrides, read only here:
-``T5LIKE_OPS=<backend>`` replaces ``model.ops``; ``T5LIKE_CPU_KERNELS=0`` turns ``auto``'s
-``cpu_kernels`` into ``xla_cpu``.
+An explicit ``splash`` / ``cudnn`` that cannot serve the config is a ``ConfigError`` naming why
+(``ModelConfig.validate``). Decoding over the KV cache runs the reference core.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import logging
-import os
 
 import jax
 
-from t5like.kernels.attention_train import RESIDUALS
+from t5like.config.schema import ConfigError
 from t5like.ops.reference import Reference, Rotary
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("reference", "xla", "xla_cpu", "cpu_kernels")
-ENV_OPS = "T5LIKE_OPS"
-ENV_CPU_KERNELS = "T5LIKE_CPU_KERNELS"
-# Activations the kernels' forward names for a remat policy to keep (``models.stack``).
-SAVED_NAMES = (RESIDUALS,)
+FUSED = {"tpu": "splash", "gpu": "cudnn"}  # The fused core each accelerator platform has.
 
 
-def _platform_and_devices(mesh) -> tuple[str, int]:
+def _platform_and_device(mesh):
   if mesh is None:
-    return jax.default_backend(), 1
+    return jax.default_backend(), jax.devices()[0]
   if isinstance(mesh, jax.sharding.AbstractMesh):
-    return mesh.abstract_device.platform, mesh.size
-  return mesh.devices.flat[0].platform, mesh.devices.size
+    return mesh.abstract_device.platform, None
+  device = mesh.devices.flat[0]
+  return device.platform, device
 
 
-def choose(ops: str, mesh=None) -> str:
-  """The backend ``model.ops = ops`` means on ``mesh``'s devices (None: this process's default
-  backend, unpartitioned), after the environment overrides."""
-  ops = os.environ.get(ENV_OPS) or ops
-  if ops not in ("auto",) + BACKENDS:
-    raise ValueError(f"model.ops={ops!r} is not one of auto, {', '.join(BACKENDS)}")
-  if ops != "auto":
-    return ops
-  platform, devices = _platform_and_devices(mesh)
-  if platform != "cpu":
-    return "xla"
-  from t5like.kernels import library
-  kernels = devices == 1 and os.environ.get(ENV_CPU_KERNELS, "1") != "0" and library.built()
-  return "cpu_kernels" if kernels else "xla_cpu"
+def choose_attention(cfg, mesh=None) -> tuple[str, str]:
+  """(core, reason): what ``model.attention_impl="auto"`` means for ``cfg`` (a ModelConfig) on
+  ``mesh``'s devices (None: this process's default backend)."""
+  platform, device = _platform_and_device(mesh)
+  fused = FUSED.get(platform)
+  if fused is None:
+    return "reference", f"no fused attention core on {platform!r}"
+  if fused == "cudnn":
+    capability = getattr(device, "compute_capability", None)
+    major = int(str(capability).split(".")[0]) if capability else 0
+    if major < 9:
+      return "reference", (f"cuDNN attention is chosen on Hopper or newer GPUs; compute "
+                           f"capability {capability or 'unknown'}")
+  try:
+    cfg._check_attention_impl(fused)
+  except ConfigError as e:
+    return "reference", f"{fused} cannot serve this config: {e}"
+  return fused, f"the fused core of {platform!r}"
 
 
 def resolve(cfg, mesh=None):
-  """``cfg`` (a ModelConfig) with ``ops`` a concrete backend (``choose``); unchanged if it is."""
-  if cfg.ops in BACKENDS and not os.environ.get(ENV_OPS):
+  """``cfg`` (a ModelConfig) with ``attention_impl`` a concrete core; unchanged if it is."""
+  if cfg.attention_impl != "auto":
     return cfg
-  chosen = choose(cfg.ops, mesh)
-  _log_choice(chosen, cfg.ops, cfg.attention_impl)
-  return dataclasses.replace(cfg, ops=chosen)
+  core, reason = choose_attention(cfg, mesh)
+  _log_choice(core, reason)
+  return dataclasses.replace(cfg, attention_impl=core)
 
 
 @functools.cache
-def _log_choice(chosen: str, ops: str, attention_impl: str) -> None:
+def _log_choice(core: str, reason: str) -> None:
   """Once per process and decision: a run builds its model more than once."""
-  log.info("model ops: %s (model.ops=%r, model.attention_impl=%r)", chosen, ops, attention_impl)
+  log.info("model.attention_impl='auto': %s (%s)", core, reason)
 
 
 @functools.cache
-def _backend(name: str, attention_impl: str, max_segments_per_row: int) -> Reference:
-  if name == "reference":
-    cls = Reference
-  elif name == "xla":
-    from t5like.ops.xla import Xla as cls
-  elif name == "xla_cpu":
-    from t5like.ops.xla_cpu import XlaCpu as cls
-  elif name == "cpu_kernels":
-    from t5like.ops.cpu_kernels import CpuKernels as cls
-  else:
-    raise ValueError(f"model.ops={name!r} is not resolved (ops.resolve) to one of {BACKENDS}")
-  return cls(attention_impl, max_segments_per_row)
+def _backend(attention_impl: str, max_segments_per_row: int,
+             logit_soft_cap: float) -> Reference:
+  return Reference(attention_impl, max_segments_per_row, logit_soft_cap)
 
 
 def backend(cfg) -> Reference:
-  """The backend of a ModelConfig: a look-up where ``resolve`` made ``cfg.ops`` concrete (the
-  models do, where they are built), else ``choose`` on this process's default backend."""
-  name = cfg.ops if cfg.ops in BACKENDS else choose(cfg.ops)
-  return _backend(name, cfg.attention_impl, cfg.max_segments_per_row)
+  """The operations of a ModelConfig (``attention_impl`` resolved for this process's default
+  backend where ``resolve`` has not made it concrete)."""
+  cfg = resolve(cfg)
+  return _backend(cfg.attention_impl, cfg.max_segments_per_row, cfg.attention_logit_soft_cap)
 
 
-__all__ = ["BACKENDS", "Reference", "Rotary", "SAVED_NAMES", "backend", "choose", "resolve"]
+__all__ = ["Reference", "Rotary", "backend", "choose_attention", "resolve"]

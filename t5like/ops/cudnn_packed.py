@@ -79,13 +79,13 @@ def entry_point():
   except (ImportError, AttributeError) as e:
     raise ConfigError(f"attention_impl='cudnn' on packed rows needs {_ENTRY} (JAX 0.10.x) and "
                       f"this JAX {jax.__version__} has none ({e}); use "
-                      "model.attention_impl='xla', or data.pack=False with "
+                      "model.attention_impl='reference', or data.pack=False with "
                       "model.max_segments_per_row=1") from None
   missing = [a for a in _NEEDED_ARGS if a not in params]
   if missing:
     raise ConfigError(f"attention_impl='cudnn' on packed rows: {_ENTRY} of JAX {jax.__version__} "
                       f"takes no {', '.join(missing)} (written for JAX 0.10.x); use "
-                      "model.attention_impl='xla', or data.pack=False with "
+                      "model.attention_impl='reference', or data.pack=False with "
                       "model.max_segments_per_row=1")
   return fn, mask_types
 
@@ -96,11 +96,11 @@ def check_device() -> None:
   cap = getattr(dev, "compute_capability", None)
   if dev.platform != "gpu" or cap is None:
     raise ConfigError(f"attention_impl='cudnn' runs on NVIDIA GPUs; JAX's device here is "
-                      f"{dev.platform!r} ({dev.device_kind}): use model.attention_impl='xla'")
+                      f"{dev.platform!r} ({dev.device_kind}): use model.attention_impl='reference'")
   if tuple(int(x) for x in str(cap).split(".")[:2]) < (9, 0):
     raise ConfigError(f"attention_impl='cudnn' on packed rows needs a Hopper or newer GPU "
                       f"(compute capability >= 9.0); {dev.device_kind} has {cap}: use "
-                      "model.attention_impl='xla', or data.pack=False with "
+                      "model.attention_impl='reference', or data.pack=False with "
                       "model.max_segments_per_row=1 (the plain cuDNN call)")
 
 
@@ -185,7 +185,7 @@ def check_batch(configured: int, batch: dict) -> None:
       r = int(np.argmax(bad))
       raise ConfigError(f"{key} row {r} is not laid out as seqio packs (segments 1..n in "
                         f"increasing runs from position 0, padding 0 at the end): {ids[r][:64]}"
-                        "...; attention_impl='cudnn' needs that layout; use 'xla'")
+                        "...; attention_impl='cudnn' needs that layout; use 'reference'")
     if most.max() > m:
       raise ConfigError(f"{key} has a row with segment id {int(most.max())}, more than the "
                         f"{m} slots of cuDNN's packed layout (model.max_segments_per_row="

@@ -1,6 +1,7 @@
 """The reference forms of the operations the model calls: plain ``jnp`` / ``jax.nn``, each the
-formula of the paper (docs/paper.md §1). Every backend (``t5like/ops/*.py``) computes the same
-values; ``tests/models/test_ops_seam.py`` holds each one to these forms, forward and backward.
+formula of the paper (docs/paper.md §1), computing the model on every platform. The fused
+attention cores (``fused_attention.py``) are the only other implementations; the tests hold them
+to ``dot_product_attention``.
 """
 from __future__ import annotations
 
@@ -71,16 +72,19 @@ def fold(rng: jax.Array | None, *data: int | jax.Array) -> jax.Array | None:
   return rng
 
 
-def attention_weights(q_bthk: jax.Array, k_bsgk: jax.Array, mask_bhts: jax.Array) -> jax.Array:
+def attention_weights(q_bthk: jax.Array, k_bsgk: jax.Array, mask_bhts: jax.Array,
+                      soft_cap: float = 0.0) -> jax.Array:
   """float32 ``softmax(q k^T / sqrt(d_h))`` [batch, heads, t, s] over the allowed keys (grouped
   kv heads: query head ``i`` reads kv head ``i // (heads / kv_heads)``); a query with no
-  allowed key gets all zeros."""
+  allowed key gets all zeros. ``soft_cap`` > 0: scores become ``cap * tanh(score / cap)``."""
   b, t, h, k = q_bthk.shape
   g = k_bsgk.shape[2]
   q_btgrk = (q_bthk * jnp.asarray(k ** -0.5, q_bthk.dtype)).reshape(b, t, g, h // g, k)
   scores_bgrts = jnp.einsum("btgrk,bsgk->bgrts", q_btgrk, k_bsgk,
                             preferred_element_type=jnp.float32)
   scores_bhts = scores_bgrts.reshape(b, h, t, -1)
+  if soft_cap:
+    scores_bhts = soft_cap * jnp.tanh(scores_bhts / soft_cap)
   scores_bhts = jnp.where(mask_bhts, scores_bhts, NEG_INF)
   live_bht1 = jnp.any(mask_bhts, axis=-1, keepdims=True)
   return jax.nn.softmax(scores_bhts, axis=-1) * live_bht1
@@ -88,12 +92,12 @@ def attention_weights(q_bthk: jax.Array, k_bsgk: jax.Array, mask_bhts: jax.Array
 
 def dot_product_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
                           mask_bhts: jax.Array, dropout_rate: float = 0.0,
-                          rng: jax.Array | None = None) -> jax.Array:
+                          rng: jax.Array | None = None, soft_cap: float = 0.0) -> jax.Array:
   """``softmax(q k^T / sqrt(d_h)) v`` under the bool mask [batch, heads|1, t, s]; returns
   [batch, t, heads, head_dim] in q's dtype (dropout on the probabilities)."""
   b, t, h, k = q_bthk.shape
   g = k_bsgk.shape[2]
-  probs_bhts = attention_weights(q_bthk, k_bsgk, mask_bhts).astype(q_bthk.dtype)
+  probs_bhts = attention_weights(q_bthk, k_bsgk, mask_bhts, soft_cap).astype(q_bthk.dtype)
   probs_bgrts = dropout(probs_bhts, dropout_rate, rng).reshape(b, g, h // g, t, -1)
   out_btgrk = jnp.einsum("bgrts,bsgk->btgrk", probs_bgrts, v_bsgk)
   return out_btgrk.reshape(b, t, h, k)
@@ -101,11 +105,16 @@ def dot_product_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Arra
 
 @dataclasses.dataclass(frozen=True)
 class Reference:
-  """The operations in their reference forms. A backend subclasses this and overrides the
-  operations it computes differently (same values; ``docs/architecture.md`` "Ops")."""
-  attention_impl: str = "xla"  # model.attention_impl: the core for a ``MaskSpec`` mask.
+  """The operations the model calls, in their reference forms, and the dispatch of a
+  ``MaskSpec`` mask to the fused attention core (``docs/architecture.md`` "Ops")."""
+  attention_impl: str = "reference"  # model.attention_impl: the core for a ``MaskSpec`` mask.
   max_segments_per_row: int = 1  # model.max_segments_per_row: cuDNN's packed-layout slots.
-  name = "reference"
+  soft_cap: float = 0.0  # model.attention_logit_soft_cap.
+
+  @property
+  def fused(self) -> bool:
+    """Whether the attention core is a fused kernel, fed a ``MaskSpec`` instead of a mask."""
+    return self.attention_impl in ("splash", "cudnn")
 
   def dense(self, x: jax.Array, w: jax.Array, n_contract: int = 1) -> jax.Array:
     """``x [..., *c] @ w [*c, *o] -> [..., *o]`` in x's dtype. No float32 output is asked for:
@@ -140,15 +149,13 @@ class Reference:
     """The attention core, [batch, t, heads, head_dim]. ``mask``: bool [batch, heads|1, t, s],
     or a ``models.masks.MaskSpec`` for ``model.attention_impl``'s fused kernel. ``causal``:
     the mask allows no key after its query (a backend may skip those keys)."""
-    if not isinstance(mask, jax.Array):  # A MaskSpec: the fused kernel never builds the mask.
+    if isinstance(mask, tuple):  # A MaskSpec (a NamedTuple): the fused core never builds it.
       from t5like.ops import fused_attention
       return fused_attention.attend(self.attention_impl, q_bthk, k_bsgk, v_bsgk, mask,
-                                    max_segments_per_row=self.max_segments_per_row)
-    return self.attention_core(q_bthk, k_bsgk, v_bsgk, mask, causal, dropout_rate, rng)
-
-  def attention_core(self, q_bthk, k_bsgk, v_bsgk, mask_bhts, causal, dropout_rate, rng):
+                                    max_segments_per_row=self.max_segments_per_row,
+                                    soft_cap=self.soft_cap)
     del causal
-    return dot_product_attention(q_bthk, k_bsgk, v_bsgk, mask_bhts, dropout_rate, rng)
+    return dot_product_attention(q_bthk, k_bsgk, v_bsgk, mask, dropout_rate, rng, self.soft_cap)
 
   def argmax(self, logits_bv: jax.Array) -> jax.Array:
     """int32 [batch]: the first maximum of each row."""

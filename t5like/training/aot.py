@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from t5like import partitioning
+from t5like import ops, partitioning
 from t5like.config import Config, ConfigError
 from t5like.training import compile_cache
 from t5like.training import flops as flops_lib
@@ -163,13 +163,14 @@ def activation_estimates(cfg: Config, setup: state_lib.TrainSetup) -> dict[str, 
   layers = m.num_layers if m.family == "decllm" else m.num_encoder_layers + m.num_decoder_layers
   tokens = rows * (dec + enc)
   saved = 1 if m.remat_policy == "full" else 12  # Per-layer [tokens, d] tensors kept for bwd.
+  fused = ops.backend(ops.resolve(m, setup.mesh)).fused
   params, opt_state = _state_bytes(setup)
   return {
       "parameters + optimizer state": float(params + opt_state),
       "gradients": float(params),
       "logits (f32, with their gradient)": 3.0 * rows * dec * m.vocab_size * 4 / tensor,
       "attention scores (per layer, f32)": (2.0 * rows * m.num_heads * max(dec, enc) ** 2 * 4
-                                            / tensor if m.attention_impl == "xla" else 0.0),
+                                            / tensor if not fused else 0.0),
       "layer activations kept for the backward pass": float(layers * saved * tokens * m.d_model
                                                             * act),
   }

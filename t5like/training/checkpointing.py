@@ -139,6 +139,11 @@ class Checkpointer:
     self.directory = paths.resolve(directory)
     self.cfg = cfg
     self.retries, self.backoff_s = retries, backoff_s
+    self.unfinished = unfinished_saves(self.directory)  # Before Orbax removes them (``_open``).
+    if self.unfinished:
+      log.warning("%s holds unfinished checkpoint save(s) %s of a run that stopped while saving; "
+                  "they hold nothing to restore and are removed", self.directory,
+                  self.unfinished)
     self._open()
 
   def _open(self):
@@ -304,6 +309,21 @@ class Checkpointer:
   def close(self) -> None:
     self.wait()
     self.manager.close()
+
+
+def unfinished_saves(directory: str) -> list[str]:
+  """The step directories under ``directory`` that Orbax began but never committed: its
+  ``<step>.orbax-checkpoint-tmp-*`` directories, and on object stores (where Orbax writes in place
+  and commits with a marker) step directories without ``commit_success.txt``."""
+  root = epath.Path(directory)
+  if not root.is_dir():
+    return []
+  out = []
+  for d in root.iterdir():
+    if ".orbax-checkpoint-tmp" in d.name or (
+        paths.is_uri(directory) and d.name.isdigit() and not (d / "commit_success.txt").exists()):
+      out.append(d.name)
+  return sorted(out)
 
 
 class Restored(NamedTuple):

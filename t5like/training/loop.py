@@ -10,7 +10,7 @@ Order of work (everything that can be misconfigured fails before anything is com
   3. steps: global batch assembled from per-host rows, jitted step (donated state), metrics of
      step s fetched after step s+1 is dispatched (keeps the device busy), checkpoints every
      ``checkpoint.every`` steps, held-out eval every ``train.eval_every`` steps;
-  4. at the end (or on SIGTERM / preemption): final checkpoint, eval, metrics, return.
+  4. at the end (or on SIGTERM, Ctrl-C, preemption): final checkpoint, eval, metrics, return.
 Steps 2-4 are ``t5like.training.trainer.Trainer`` (restore, step, evaluate, save).
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ from etils import epath
 from t5like import partitioning, paths
 from t5like.config import Config, ConfigError, to_dict
 from t5like.training import checkpointing, compile_cache, distributed, startup, step_dirs
+from t5like.training import workdir_lock
 from t5like.training import data as data_lib
 from t5like.training import state as state_lib
 from t5like.training.trainer import NonFiniteError, Trainer  # noqa: F401 - NonFiniteError: API.
@@ -81,9 +82,39 @@ class _Stderr(logging.StreamHandler):
   def stream(self, value):
     del value
 
+  def emit(self, record):
+    if getattr(record, "file_only", False):
+      return  # Per-step lines: train.log only while the progress bar shows them.
+    try:  # Above a progress bar, not through it.
+      from tqdm import tqdm
+      tqdm.write(self.format(record), file=sys.stderr)
+    except Exception:  # noqa: BLE001 - logging's own policy for a failing handler.
+      self.handleError(record)
+
+
+class _Once(logging.Filter):
+  """Lets a message that starts with ``prefix`` through once per process (seqio's packing
+  warning repeats for every dataset it packs)."""
+
+  def __init__(self, prefix: str):
+    super().__init__()
+    self.prefix, self.seen = prefix, False
+
+  def filter(self, record):
+    if not str(record.msg).startswith(self.prefix):
+      return True
+    seen, self.seen = self.seen, True
+    return not seen
+
+
+_PACKING_WARNING = _Once("Features not in `features_length` will be removed during packing")
+
 
 def _setup_logging(workdir: str) -> logging.Handler | None:
   log.setLevel(logging.INFO)
+  absl = logging.getLogger("absl")
+  if _PACKING_WARNING not in absl.filters:
+    absl.addFilter(_PACKING_WARNING)
   if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
              for h in log.handlers):
     console = _Stderr()
@@ -107,13 +138,26 @@ def _open_train_data(cfg: Config, data, rows: int, pid: int, nproc: int):
 
 
 class _Preemption:
-  """SIGTERM (single process) or JAX's preemption sync point (multi-process) -> save and stop."""
+  """SIGTERM or Ctrl-C (SIGINT; single process) or JAX's preemption sync point (multi-process)
+  -> save and stop. ``reason`` names what stopped the run; a second Ctrl-C stops at once."""
 
   def __init__(self):
     self.flag = threading.Event()
-    self._previous, self._warned = None, False
+    self.reason = ""
+    self._previous, self._warned = {}, False
     if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, lambda *_: self.flag.set())
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
+
+  def _handle(self, signum, frame):
+    del frame
+    if signum == signal.SIGINT:
+      if self.flag.is_set():
+        raise KeyboardInterrupt  # The second Ctrl-C: stop without waiting for the save.
+      self.reason = "Ctrl-C"
+    else:
+      self.reason = self.reason or "SIGTERM"
+    self.flag.set()
 
   def reached(self, step: int, manager) -> bool:
     if jax.process_count() > 1:  # JAX's sync manager: SIGTERM on any host -> all save one step.
@@ -128,8 +172,8 @@ class _Preemption:
     return self.flag.is_set()
 
   def close(self):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
 
 
 def run(cfg: Config, workdir: str, *, data: data_lib.DataSource | None = None,
@@ -145,11 +189,14 @@ def run(cfg: Config, workdir: str, *, data: data_lib.DataSource | None = None,
   distributed.initialize(cfg.distributed)
   workdir = paths.resolve(workdir)
   _make_workdir(workdir)
+  lock = workdir_lock.hold(workdir)  # One run per workdir: before its logs, metrics, checkpoints.
   file_handler = _setup_logging(workdir)
   compile_cache.configure(cfg.train, workdir)  # Before the first compile.
   try:
     return _run(cfg, workdir, data, step_hook)
   finally:
+    if lock is not None:
+      lock.release()
     if file_handler is not None:
       log.removeHandler(file_handler)
       file_handler.close()
@@ -158,7 +205,7 @@ def run(cfg: Config, workdir: str, *, data: data_lib.DataSource | None = None,
 
 def _run(cfg: Config, workdir: str, data, step_hook) -> dict[str, Any]:
   t_start = time.time()
-  timeline = startup.Timeline(log)
+  timeline = startup.Timeline(log, startup.run_start_time())
   timeline.mark("imports")
   # ---- 1. checks that need no compilation ---------------------------------------------------
   mesh = partitioning.make_mesh(cfg.mesh)

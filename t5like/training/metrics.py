@@ -1,9 +1,13 @@
 """Metrics out: TensorBoard event files, ``metrics.jsonl``, a console progress bar with ETA.
 
-Only process 0 writes. ``metrics.jsonl`` holds one JSON object per logged step
+Only process 0 writes; a metric has the same name in both (the TensorBoard tag is the
+``metrics.jsonl`` key). ``metrics.jsonl`` holds one JSON object per logged step
 (``{"step": ..., "loss": ..., ...}``, train scalars; ``eval_*`` keys on eval steps), appended
-across restarts, so a resumed run continues the same file (a step logged twice — after a crash
-between a checkpoint and the next — appears twice; the later line is the resumed run's).
+across restarts, so a resumed run continues the same file. Each step appears once: a run that
+resumes from step N first drops the lines past N (steps an interrupted run logged after its last
+checkpoint, which the resumed run redoes), and starts its TensorBoard events with a
+``SessionLog.START`` at step N + 1, on which TensorBoard discards the earlier events from that
+step on (its restart handling, ``purge_orphaned_data``).
 """
 from __future__ import annotations
 
@@ -76,6 +80,9 @@ class MetricsWriter:
       self._tb = SummaryWriter(self.tb_dir, flush_secs=30, filename_suffix=f".step{start_step}")
     except Exception as e:  # noqa: BLE001 - TensorBoard is optional; jsonl is always written.
       print(f"TensorBoard writer unavailable ({e}); writing metrics.jsonl only")
+    if self._tb is not None:
+      _start_session(self._tb, start_step)
+    drop_rows_after(self.jsonl_path, start_step)
     self._jsonl = paths.AppendFile(self.jsonl_path)
     if progress_bar:
       import sys
@@ -123,13 +130,37 @@ class MetricsWriter:
     self._jsonl.close()
 
 
+def _start_session(tb, start_step: int) -> None:
+  """A ``SessionLog.START`` at ``start_step + 1``: TensorBoard drops earlier files' events of the
+  steps this run is about to redo."""
+  from tensorboardX.proto.event_pb2 import Event, SessionLog
+  tb.file_writer.add_event(Event(wall_time=time.time(), step=start_step + 1,
+                                 session_log=SessionLog(status=SessionLog.START)))
+
+
+def drop_rows_after(jsonl_path: str, step: int) -> int:
+  """Removes the lines of ``metrics.jsonl`` logged past ``step`` (and a line torn by a kill);
+  how many were removed."""
+  p = epath.Path(jsonl_path)
+  if not p.exists():
+    return 0
+  lines = p.read_text().splitlines(keepends=True)
+
+  def keep(line: str) -> bool:
+    try:
+      return int(json.loads(line)["step"]) <= step
+    except (ValueError, KeyError, TypeError):
+      return False  # Not a whole metrics row: a line torn by a kill.
+  kept = [ln for ln in lines if keep(ln)]
+  if len(kept) != len(lines):
+    p.write_text("".join(kept))
+  return len(lines) - len(kept)
+
+
 def _tb_name(key: str) -> str:
-  if key.startswith("eval_"):
-    return f"eval/{key[5:]}"
-  if key in ("tokens_per_sec", "target_tokens_per_sec", "step_time_s", "mfu",
-             "tflops_per_sec_per_device"):
-    return f"perf/{key}"
-  return f"train/{key}"
+  """The TensorBoard tag of a metric: its ``metrics.jsonl`` key, so that one name finds it in
+  both (``loss``, ``eval_loss``, ``eval/<part>/loss``, ``tokens_per_sec``, ...)."""
+  return key
 
 
 def _py(v: Any) -> Any:

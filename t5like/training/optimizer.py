@@ -26,9 +26,19 @@ import numpy as np
 import optax
 
 from t5like.config.train import TrainConfig
-from t5like.training.adafactor import factored_dims, scale_by_factored_rms
 
 Axes = tuple[str | None, ...]
+
+
+def factored_dims(shape: tuple[int, ...], min_dim: int) -> tuple[int, int] | None:
+  """(second largest, largest) dims that Adafactor factors, or None: optax's rule (its
+  ``_factored_dims`` is private), to name the axes of the factored statistics."""
+  if len(shape) < 2:
+    return None
+  order = np.argsort(shape)
+  if shape[order[-2]] < min_dim:
+    return None
+  return int(order[-2]), int(order[-1])
 
 
 def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
@@ -84,10 +94,11 @@ def make_optimizer(cfg: TrainConfig, param_axes: Any = None) -> optax.GradientTr
              else None)
   blockwise = (lambda tx: per_layer(tx, stacked)) if stacked is not None else (lambda tx: tx)
   # optax.adafactor(learning_rate=None, momentum=None) step by step, so that the two block-RMS
-  # steps can run per layer; the chain (and so the state pytree) is the same as optax's. Its
-  # second-moment scaling is adafactor.py's (optax's update, rsqrt for ``** -0.5``).
-  ada = [scale_by_factored_rms(decay_rate=cfg.adafactor_decay_rate,
-                                min_dim_size_to_factor=cfg.adafactor_min_dim_to_factor)]
+  # steps can run per layer (optax has no per-slice block RMS, hence ``per_layer``); the chain
+  # (and so the state pytree) is the same as optax's.
+  ada = [optax.scale_by_factored_rms(factored=True, decay_rate=cfg.adafactor_decay_rate,
+                                     step_offset=0,
+                                     min_dim_size_to_factor=cfg.adafactor_min_dim_to_factor)]
   if cfg.adafactor_clipping_threshold:
     ada.append(blockwise(optax.clip_by_block_rms(cfg.adafactor_clipping_threshold)))
   if cfg.adafactor_scale_by_param_rms:

@@ -12,6 +12,12 @@ from the kernel, so interpreter start-up and imports count) and since the previo
 ``Background`` runs one function (the train step's ahead-of-time compile from the abstract state
 and batch) in a thread while the caller goes on (restoring the state, reading the first batch);
 ``result()`` joins it and re-raises its exception.
+
+Before such a thread starts, ``import_lazy_importers`` imports every library that runs
+``etils.epy.lazy_imports()`` at import time (TFDS and what imports it: seqio, the data pipeline):
+that context replaces ``builtins.__import__`` for the whole process while it is open, so a JAX
+function-level import in a tracing thread (``from jax._src.hijax import HiType`` under ``vmap``)
+would get one of its lazy proxies and fail ("'jax._src.hijax' is not a package").
 """
 from __future__ import annotations
 
@@ -46,6 +52,16 @@ def process_start_time() -> float:
 
 
 _IMPORTED = time.time()
+_RUNS = 0
+
+
+def run_start_time() -> float:
+  """Where a run's timeline starts: the process start for its first run (interpreter start-up
+  and imports count), the call itself for later runs in the same process (the demo's second
+  model, an experiment's runs), whose imports are already done."""
+  global _RUNS
+  _RUNS += 1
+  return process_start_time() if _RUNS == 1 else time.time()
 
 
 class Timeline:
@@ -65,12 +81,31 @@ class Timeline:
     return now - self.t0
 
 
+# Imported before any thread that traces JAX starts (module docstring): each runs, or imports a
+# module that runs, ``etils.epy.lazy_imports()`` at import time.
+LAZY_IMPORTERS = ("tensorflow_datasets", "seqio", "t5like.data.checks", "t5like.data.counts",
+                  "t5like.data.pipeline")
+
+
+def import_lazy_importers() -> None:
+  """Imports ``LAZY_IMPORTERS`` now, in this thread (a missing optional one is skipped: nothing
+  then imports it later either)."""
+  import importlib
+  for name in LAZY_IMPORTERS:
+    try:
+      importlib.import_module(name)
+    except ImportError:
+      pass
+
+
 class Background:
   """``fn(cancelled)`` in a daemon thread; ``result()`` waits for it and returns its value or
   raises; ``cancel()`` makes ``cancelled()`` true, for ``fn`` to stop early at a point it
-  chooses (a thread cannot be stopped from outside)."""
+  chooses (a thread cannot be stopped from outside). The libraries that patch the process's
+  imports while they import (``LAZY_IMPORTERS``) are imported first."""
 
   def __init__(self, fn: Callable[[Callable[[], bool]], Any], name: str):
+    import_lazy_importers()
     self._value: Any = None
     self._error: BaseException | None = None
     self._cancel = threading.Event()

@@ -15,6 +15,7 @@ from etils import epath
 
 from t5like.config import Config, ConfigError, to_dict
 from t5like.errors import UserError
+from t5like import ops
 from t5like.ops import cudnn_packed
 from t5like.training.held_out import held_out_metrics, pad_rows
 from t5like.training import aot, checkpointing, compile_cache, startup, step_dirs
@@ -69,6 +70,17 @@ def compile_ahead(cfg: Config, setup: state_lib.TrainSetup) -> startup.Backgroun
       lambda cancelled: (batch, lower_and_compile(cfg, setup, step_lib.make_train_step(setup),
                                                   setup.abstract_state, batch, cancelled)),
       "compile-train-step")
+
+
+_LOGGED = ("loss", "accuracy", "grad_norm", "learning_rate", "tokens_per_sec", "mfu")
+
+
+def _brief(metrics: dict) -> str:
+  """A log line's ``key=value`` pairs (4 significant digits): the train metrics above, or every
+  eval metric (all in metrics.jsonl)."""
+  keys = [k for k in metrics if k in _LOGGED or k.startswith("eval")]
+  return ", ".join(f"{k}={metrics[k]:.4g}" if isinstance(metrics[k], float)
+                   else f"{k}={metrics[k]}" for k in keys)
 
 
 class Trainer:
@@ -129,6 +141,10 @@ class Trainer:
         if cfg.checkpoint.restore_data and not restored.data_restored:
           close_iterator(self.train_iter)  # Every host restarts its stream (agreed in restore).
           self.train_iter = self._open_train_data()
+    if self.state is None and self.ckpt.unfinished:  # Never a silent start from step 0.
+      log.warning("no finished checkpoint in %s (only the unfinished save(s) %s): starting from "
+                  "%s", self.ckpt.directory, self.ckpt.unfinished,
+                  "train.init_from" if self.init_dir else "step 0")
     if self.state is None and self.init_dir is not None:
       params = step_dirs.restore_params(self.init_dir, setup.abstract_state.params)
       biases = step_dirs.restore_model_state(self.init_dir, setup.abstract_state.model_state)
@@ -212,7 +228,7 @@ class Trainer:
   def _checked(self, local: dict) -> dict:
     """The host's batch, refused with a clear error where cuDNN's packed layout cannot hold it
     (more segments in a row than model.max_segments_per_row)."""
-    if self.cfg.model.attention_impl == "cudnn":
+    if ops.resolve(self.cfg.model, self.setup.mesh).attention_impl == "cudnn":
       cudnn_packed.check_batch(self.cfg.model.max_segments_per_row, local)
     return local
 
@@ -266,6 +282,8 @@ class Trainer:
           peak_flops_total=self.peak_total, num_devices=self.setup.mesh.size)
       self.writer.write(step, self.last_logged)
       self.stats.reset_clock()
+      log.info("step %d: %s", step, _brief(self.last_logged),  # train.log; the console: the bar.
+               extra={"file_only": cfg.train.progress_bar})
     postfix = {"loss": self.last_logged.get("loss", m["loss"])}
     if "tokens_per_sec" in self.last_logged:  # Measured at the first log step, not before.
       postfix["tok/s"] = self.last_logged["tokens_per_sec"]
@@ -302,10 +320,12 @@ class Trainer:
         if step < total and preemption.reached(step, self.ckpt.manager):
           self._consume(*pending)
           pending = None
-          self.writer.message(f"preemption signal at step {step}: saving a checkpoint and "
-                              "stopping")
           self.save(step)
-          preempted = True
+          self.ckpt.wait()
+          preempted = getattr(preemption, "reason", "") or True
+          self.writer.message(f"{'preemption signal' if preempted is True else preempted} at "
+                              f"step {step}: checkpoint {self.ckpt.latest_step()} saved in "
+                              f"{self.ckpt.directory}; the same command resumes from it")
           break
       if pending is not None:
         self._consume(*pending)
@@ -329,12 +349,15 @@ class Trainer:
     if self.last_eval:
       self.writer.write(step, self.last_eval)
       self.writer.message(f"step {step}: eval_loss {self.last_eval['eval_loss']:.4f}")
+      log.info("step %d: %s", step, _brief(self.last_eval), extra={"file_only": True})
 
-  def _result(self, final_step: int, preempted: bool) -> dict[str, Any]:
+  def _result(self, final_step: int, preempted: bool | str) -> dict[str, Any]:
     result = dict(self.last_logged)
     result.update(self.last_eval)
     result.update({
-        "step": final_step, "preempted": preempted, "resumed_from_step": self.resumed_from,
+        "step": final_step, "preempted": bool(preempted),
+        "stopped_by": preempted if isinstance(preempted, str) else None,
+        "resumed_from_step": self.resumed_from,
         "num_params": self.setup.num_params, "workdir": self.workdir,
         "checkpoint_dir": self.ckpt.directory, "metrics_file": self.writer.jsonl_path,
         "tensorboard_dir": self.writer.tb_dir, "wall_time_s": time.time() - self.t_start,
@@ -342,7 +365,8 @@ class Trainer:
     })
     log.info("done at step %d: %s", final_step,
              ", ".join(f"{k}={v:.4g}" for k, v in result.items()
-                       if k in ("loss", "eval_loss", "eval_accuracy", "tokens_per_sec", "mfu")))
+                       if k in ("loss", "eval_loss", "eval_accuracy", "tokens_per_sec", "mfu")),
+             extra={"file_only": preempted == "Ctrl-C"})  # Ctrl-C: one console line, above.
     return result
 
   def close(self) -> None:

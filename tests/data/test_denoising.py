@@ -21,8 +21,12 @@ def _corrupt(tokens, density, mean_span, seed):
   return mask.numpy(), out["inputs"].numpy().tolist(), out["targets"].numpy().tolist()
 
 
-def splice(inputs, targets, vocab_size=V, extra_ids=EXTRA):
-  """Undo span corruption: each sentinel of the inputs becomes the span after it in the targets."""
+def splice(inputs, targets, vocab_size=V, extra_ids=EXTRA, eos_id=None):
+  """Undo span corruption: each sentinel of the inputs becomes the span after it in the targets
+  (``eos_id``: both end in that EOS, T5's layout, which is taken off first)."""
+  if eos_id is not None:
+    assert inputs[-1] == eos_id and targets[-1] == eos_id, (inputs[-3:], targets[-3:])
+    inputs, targets = inputs[:-1], targets[:-1]
   is_sentinel = lambda t: t >= vocab_size - extra_ids  # noqa: E731
   spans_of, current = {}, None
   for t in targets:
@@ -103,7 +107,52 @@ def test_chunk_length_fits_inputs_and_targets(ilen, tlen):
   i, t = spans.corrupted_lengths(length + 1, 0.15, 3.0)
   assert i > ilen or t > tlen  # The longest such chunk.
   if (ilen, tlen) == (512, 114):
-    assert length == 569  # T5's 568 tokens + the EOS position t5like's rows do not reserve.
+    assert length == 568 and spans.corrupted_lengths(568, 0.15, 3.0) == (512, 114)  # T5's.
+
+
+def t5_random_spans_helper(inputs_length, noise_density, mean_noise_span_length):
+  """T5's ``random_spans_helper`` (t5.data.preprocessors) written from its definition: the
+  longest chunk whose inputs (clean tokens + a sentinel per span + EOS) fit ``inputs_length``,
+  and its targets length (noise tokens + a sentinel per span + EOS); Python (float64) rounding."""
+  def lengths(n):
+    noise = int(round(n * noise_density))
+    n_spans = int(round(noise / mean_noise_span_length))
+    return n - noise + n_spans + 1, noise + n_spans + 1
+  n = inputs_length - 1
+  while lengths(n + 1)[0] <= inputs_length:
+    n += 1
+  return n, lengths(n)[1]
+
+
+@pytest.mark.parametrize("density, mean_span", [(0.15, 3.0), (0.15, 8.0)])
+def test_chunk_lengths_are_random_spans_helpers(density, mean_span):
+  """With the targets length T5's helper derives, the chunk and both lengths are the helper's
+  (568 -> 512 / 114 at T5's 512, 0.15, 3), EOS included, at inputs lengths 64..600 where
+  float32 and float64 round the chunk alike. (Not at mean span 64: there the helper counts
+  round(noise / 64) = 0 spans for short chunks where T5's mask makes at least one.)"""
+  assert t5_random_spans_helper(512, 0.15, 3.0) == (568, 114)
+  checked = 0
+  for ilen in range(64, 601, 7):
+    tokens, tlen = t5_random_spans_helper(ilen, density, mean_span)
+    if any(round(n * density) != spans.span_counts(n, density, mean_span)[0]
+           for n in (tokens, tokens + 1)):
+      continue  # A float32/float64 tie at the chunk (test_float32_rounding_as_t5s_mask).
+    checked += 1
+    assert spans.span_chunk_length(ilen, tlen, density, mean_span) == tokens, ilen
+    assert spans.corrupted_lengths(tokens, density, mean_span) == (ilen, tlen), ilen
+  assert checked >= 10
+
+
+def test_float32_rounding_as_t5s_mask():
+  """T5's ``random_spans_noise_mask`` rounds ``length * density`` in float32: 190 x 0.15 is
+  28.5000011 there (29 noise tokens), 28.499999999999996 in float64 (28). t5like follows the
+  mask, in its length arithmetic and in its own mask."""
+  assert spans.span_counts(190, 0.15, 3.0)[0] == 29 != round(190 * 0.15)
+  mask, _, _ = _corrupt(list(range(10, 200)), 0.15, 3.0, [0, 1])
+  assert mask.sum() == 29
+  for n in (40, 100, 568, 1000):
+    want = int(np.round(np.float32(n) * np.float32(0.15)))
+    assert _corrupt(list(range(10, 10 + n)), 0.15, 3.0, [1, 2])[0].sum() == want
 
 
 FEATURES = {k: seqio.Feature(seqio.PassThroughVocabulary(size=V, eos_id=1)) for k in
@@ -151,7 +200,8 @@ def _originals(cfg, **kw):
       dseg, eseg = b["decoder_segment_ids"][r], b["encoder_segment_ids"][r]
       for s in set(dseg.tolist()) - {0}:
         out.append(tuple(splice(b["encoder_input_tokens"][r][eseg == s].tolist(),
-                                b["decoder_target_tokens"][r][dseg == s].tolist(), size)))
+                                b["decoder_target_tokens"][r][dseg == s].tolist(), size,
+                                eos_id=1)))
   return out
 
 
@@ -222,6 +272,8 @@ def test_ul2_mode_tokens_mixture_rates_and_denoiser_statistics(make_cfg, redpaja
       for s in set(dseg.tolist()) - {0}:
         enc = b["encoder_input_tokens"][r][eseg == s].tolist()
         dec = b["decoder_target_tokens"][r][dseg == s].tolist()
+        assert enc[-1] == 1 and dec[-1] == 1  # EOS after both (T5's layout), S included.
+        enc, dec = enc[:-1], dec[:-1]
         mode = modes[enc[0]]  # Every example starts with its denoiser's mode token.
         assert not any(t in modes for t in enc[1:] + dec)
         counts[mode] += 1
@@ -283,3 +335,47 @@ def test_extra_eval_sets_use_the_same_vocabulary_with_sentinels(make_cfg, redpaj
   (name, it), = PipelineData(cfg, check=False).extra_evals(4, 0, 1).items()
   batch = next(it)
   assert name == "wiki" and batch["decoder_target_tokens"].max() < cfg.model.vocab_size
+
+
+def test_s_denoiser_splits_anywhere_in_its_chunk():
+  """UL2's S-denoiser: chunks of min(I - 2, T - 1) + 1 tokens (the mode token and EOS take their
+  places), split uniformly over the whole chunk (1,000 draws: every point within 5 binomial
+  standard errors of its share), the S mode token first."""
+  ilen, tlen = 14, 11
+  chunk = min(ilen - 2, tlen - 1) + 1
+  docs = tf.data.Dataset.from_tensor_slices(
+      {"targets": tf.ragged.constant([list(range(10, 10 + 4 * chunk - 1))] * 250, tf.int32)})
+  with seqio.utils.map_seed_manager(5):
+    ds = denoising.prefix_lm_denoiser(docs, {"inputs": ilen, "targets": tlen}, FEATURES,
+                                      chunking="stream")
+  out = list(ds.as_numpy_iterator())
+  assert len(out) == 1000
+  s_token = denoising.mode_token_id(V, 0, "s")
+  ks = []
+  for ex in out:
+    assert ex["inputs"][0] == s_token
+    k, m = len(ex["inputs"]) - 1, len(ex["targets"])
+    assert k + m == chunk and k + 2 <= ilen and m + 1 <= tlen
+    ks.append(k)
+  counts = np.bincount(ks, minlength=chunk)[1:]
+  n, p = len(ks), 1 / (chunk - 1)
+  assert np.all(np.abs(counts - n * p) <= 5 * np.sqrt(n * p * (1 - p))), counts
+
+
+def test_ul2_default_is_the_papers_seven_denoisers():
+  """data.objective=ul2: UL2's seven (R 3/8 at 15 %, X 3/8 at 50 %, X 64 at 15 / 50 %, S) by
+  default, S at 20 %; the earlier three under data.ul2_preset=three."""
+  from t5like.config.data import DataConfig
+  seven = DataConfig(objective="ul2", extra_ids=100, inputs_length=512, targets_length=114)
+  got = {(d["mode"], d.get("mean_noise_span_length") if d["mode"] != "s" else None,
+          d.get("noise_density") if d["mode"] != "s" else None)
+         for d in seven.denoisers().values()}
+  assert got == {("r", 3.0, 0.15), ("r", 8.0, 0.15), ("x", 3.0, 0.5), ("x", 8.0, 0.5),
+                 ("x", 64.0, 0.15), ("x", 64.0, 0.5), ("s", None, None)}
+  rates = {n: d["rate"] for n, d in seven.denoisers().items()}
+  assert rates["s"] / sum(rates.values()) == pytest.approx(0.2)
+  three = DataConfig(objective="ul2", extra_ids=100, ul2_preset="three", inputs_length=512,
+                     targets_length=114).denoisers()
+  assert {(d["mode"], d["rate"]) for d in three.values()} == {("r", 0.4), ("x", 0.4), ("s", 0.2)}
+  with pytest.raises(ConfigError, match="ul2_preset"):
+    DataConfig(objective="ul2", extra_ids=100, ul2_preset="nope").validate()

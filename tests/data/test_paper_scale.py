@@ -252,16 +252,22 @@ def test_multi_host_tfds_needs_one_shared_conversion(rp_cfg, redpajama_root, tmp
     checks._check_tfds_shared(cfg, cfg.data.mixture, process_count=4)  # pylint: disable=W0212
 
 
-@pytest.mark.slow
-def test_prepare_data_converts_subsets_in_parallel_once_for_all_hosts(rp_cfg, redpajama_root,
-                                                                     tmp_path):
+@pytest.mark.beam  # make test-beam: apache-beam in .venv-beam.
+def test_prepare_data_converts_subsets_on_beam_once_for_all_hosts(rp_cfg, redpajama_root,
+                                                                 tmp_path, capsys):
   from t5like.tools import prepare_data
   root, _ = redpajama_root
   shared = str(tmp_path / "tfds")
   cfg = rp_cfg(**{"data.data_dir": root, "data.source": "tfds", "data.tfds_data_dir": shared})
-  report = prepare_data.convert_redpajama(root, shared, processes=2)  # One process per subset.
+  report = prepare_data.main(["--corpus", "redpajama", "--data_dir", root, "--tfds_data_dir",
+                              shared, "--direct_running_mode=multi_processing",
+                              "--direct_num_workers=2"])["tfds"]
+  capsys.readouterr()
   assert sorted(report) == ["arxiv", "book", "wikipedia"]
   assert report["arxiv"]["examples"]["train"] == 40
+  from t5like.data import tfds_builder
+  builder = tfds_builder.prepare_redpajama("", shared, subsets=["arxiv"])["arxiv"]
+  assert builder.info.metadata["records"]["train"]["ok"] == 40  # Counted by the workers.
   checks._check_tfds_shared(cfg, cfg.data.mixture, process_count=4)  # pylint: disable=W0212
 
 

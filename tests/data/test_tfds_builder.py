@@ -72,9 +72,11 @@ def _flan_examples(data_dir, row, split):
                 for ex in tfds.as_numpy(ds))
 
 
-def test_flan_parts_converted_in_two_processes_match_one_process(converted, flan_root, tmp_path):
+@pytest.mark.beam  # make test-beam: apache-beam in .venv-beam.
+def test_flan_parts_converted_on_beam_match_one_process(converted, flan_root, tmp_path):
   data_dir = str(tmp_path / "tfds")
-  builders = tfds_builder.prepare_flan(flan_root, data_dir, processes=2)  # Spawns 2 processes.
+  builders = tfds_builder.prepare_flan(flan_root, data_dir, beam_options=[
+      "--direct_running_mode=multi_processing", "--direct_num_workers=2"])
   assert list(builders) == list(tfds_builder.FLAN_PART_NAMES)
   one = tfds_builder.flan_task_table(tfds_builder.prepare_flan("", converted))
   two = tfds_builder.flan_task_table(builders)
@@ -105,16 +107,14 @@ def test_flan_conversion_kept_missing_part_rebuilt_stale_part_refused(flan_root,
   prepare = tfds_builder.T5likeFlan.download_and_prepare
   monkeypatch.setattr(tfds_builder.T5likeFlan, "download_and_prepare", lambda self, **kw: (
       built.append(self.builder_config.name), prepare(self, **kw))[1])
-  assert tfds_builder.flan_task_table(tfds_builder.prepare_flan(root, data_dir,
-                                                                processes=2)) == table
+  assert tfds_builder.flan_task_table(tfds_builder.prepare_flan(root, data_dir)) == table
   assert not built and mtimes == {p: os.stat(info(p)).st_mtime_ns for p in mtimes}
   # An interrupted conversion: reading refuses it, converting builds the missing part only.
   part = table[0]["part"]
   shutil.rmtree(os.path.dirname(info(part)))
   with pytest.raises(sources.LayoutError, match=f"lacks parts {part} "):
     tfds_builder.prepare_flan("", data_dir)
-  assert tfds_builder.flan_task_table(tfds_builder.prepare_flan(root, data_dir,
-                                                                processes=2)) == table
+  assert tfds_builder.flan_task_table(tfds_builder.prepare_flan(root, data_dir)) == table
   assert built == [part]
   assert all(os.stat(info(p)).st_mtime_ns == t for p, t in mtimes.items() if p != part)
   # Changed files of one task: its part's fingerprint differs, refused before building anything.

@@ -83,3 +83,37 @@ def test_summary_has_a_row_per_sub_layer():
   causal = aa.summarize(aa.attention_maps(tiny_model("decllm"), _prefix_batch()))
   assert all(r["triangular_full_rank_fraction"] == 1.0 for r in causal)
   assert all(r["triangular_full_rank_fraction"] == 0.0 for r in rows)  # Bidirectional prefix.
+
+
+def _pipeline_batch(family):
+  """Numpy rows as the pipeline gives them (``held_out_batch``): packed, with segment ids and
+  positions; the cross mask built from numpy ids once reached the fused-core path."""
+  seg = np.array([[1] * 5 + [2] * 3, [1] * 8], np.int32)
+  pos = np.array([list(range(5)) + list(range(3)), list(range(8))], np.int32)
+  batch = {"decoder_input_tokens": np.asarray(tokens((2, 8), 2)), "decoder_segment_ids": seg,
+           "decoder_positions": pos}
+  if family == "redllm":
+    batch.update(encoder_input_tokens=np.asarray(tokens((2, 6), 1)),
+                 encoder_segment_ids=np.array([[1] * 4 + [2] * 2, [1] * 6], np.int32),
+                 encoder_positions=np.array([[0, 1, 2, 3, 0, 1], list(range(6))], np.int32))
+  return batch
+
+
+@pytest.mark.parametrize("family", ["decllm", "redllm"])
+def test_pipeline_batches_of_both_families_give_maps_and_a_png(family, tmp_path, monkeypatch):
+  model = tiny_model(family, num_layers=3, num_encoder_layers=3, num_decoder_layers=3)
+  maps = aa.attention_maps(model, _pipeline_batch(family))
+  want = ["decoder"] if family == "decllm" else ["encoder", "decoder_self", "cross"]
+  assert list(dict.fromkeys(m.stack for m in maps)) == want
+  shown = aa.panels(maps)
+  assert [(m.stack, m.layer) for m in shown] == [(s, i) for s in want for i in (0, 2)]
+  from t5like.evaluation import plots
+  figures = []
+  save = plots.save
+  monkeypatch.setattr(plots, "save",
+                      lambda fig, path, **kw: (figures.append(fig), save(fig, path, **kw))[1])
+  aa.plot_heads(shown, tmp_path / "maps.png", title="t")
+  assert (tmp_path / "maps.png").stat().st_size > 0
+  axes = figures[0].axes
+  assert len(axes) == len(shown) * 4 + 1  # Heads x panels, and one colour bar.
+  assert axes[-1].get_ylabel() == "attention probability"

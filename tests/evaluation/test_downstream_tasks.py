@@ -33,9 +33,8 @@ def test_bigbench_fields_shape_the_prompt(tmp_path):
   assert task.name == "toy" and task.metrics == ("multiple_choice_grade",)  # bleu: unknown.
   ex = task.examples[1]
   assert ex.choices == ("yes", "no") and ex.correct() == {0} and ex.targets == ("yes",)
-  # Two choices: RandomState(42) permutes the sorted ["no", "yes"] for each example in turn.
-  rng = np.random.RandomState(42)
-  orders = [list(rng.permutation(["no", "yes"])) for _ in range(6)]
+  # Two choices: a fresh RandomState(42) per example permutes the sorted ["no", "yes"].
+  orders = [list(np.random.RandomState(42).permutation(["no", "yes"])) for _ in range(6)]
   zero = task.prompts(0)
   assert zero[1] == "Answer.\n\nIn: q1" + "".join("\n - " + c for c in orders[1]) + "\nOut: "
   hidden = bigbench.load_task(_write(tmp_path, "h.json", {**TASK, "append_choices_to_input": False}))
@@ -49,14 +48,18 @@ def test_bigbench_fields_shape_the_prompt(tmp_path):
 
 
 def test_appended_choices_are_a_seeded_permutation_of_the_sorted_choices(tmp_path):
-  """BIG-bench: one RandomState(42), in example order, permutes each example's sorted options;
-  the file order of ``target_scores`` plays no part (it is only the scoring order)."""
-  files = [["delta", "alpha", "charlie", "bravo"], ["z", "y", "x"], ["p", "q", "r", "s", "t"]]
+  """BIG-bench (json_task.default_format_fn): a fresh RandomState(42) for each example permutes
+  its sorted options, so examples with the same options show them in the same order; the file
+  order of ``target_scores`` plays no part (it is only the scoring order)."""
+  files = [["delta", "alpha", "charlie", "bravo"], ["z", "y", "x"], ["p", "q", "r", "s", "t"],
+           ["bravo", "charlie", "alpha", "delta"], ["x", "z", "y"]]
   task = bigbench.load_task(_write(tmp_path, "p.json", {"examples": [
       {"input": f"e{i}", "target_scores": {c: float(j == 0) for j, c in enumerate(ch)}}
       for i, ch in enumerate(files)]}))
-  rng = np.random.RandomState(42)
-  want = [list(rng.permutation(sorted(ch))) for ch in files]
+  want = [list(np.random.RandomState(42).permutation(sorted(ch))) for ch in files]
+  assert want[3] == want[0] and want[4] == want[1]  # Same options: same order, every example.
+  continued = np.random.RandomState(42)  # One generator across the examples would differ.
+  assert [list(continued.permutation(sorted(ch))) for ch in files] != want
   for i, prompt in enumerate(task.prompts(0)):
     assert prompt == f"\nQ: e{i}" + "".join("\n  choice: " + c for c in want[i]) + "\nA: "
   assert [list(e.choices) for e in task.examples] == files  # Scored (and graded) in file order.
@@ -69,16 +72,17 @@ def test_appended_choices_are_a_seeded_permutation_of_the_sorted_choices(tmp_pat
 
 
 def test_k_shot_prompts_follow_bigbench_draws(tmp_path):
-  """k-shot: the generator that ordered the choices then draws, for each example in order, k
-  others without replacement and one answer of each; shots are joined by the separator and
-  the task prefix comes once, first."""
+  """k-shot (json_task.make_nshot_dataset): a RandomState(42) of its own (not the per-example
+  generators that ordered the choices) draws, for each example in order, k others without
+  replacement and one answer of each; shots are joined by the separator and the task prefix
+  comes once, first."""
   examples = [{"input": f"q{i}", "target_scores": {"yes": i % 2, "no": 1 - i % 2}}
               for i in range(5)]
   examples[3]["target"] = ["no", "nope"]  # An explicit target: the answers a shot may show.
   task = bigbench.load_task(_write(tmp_path, "toy.json", {**TASK, "examples": examples}))
-  rng = np.random.RandomState(42)
-  fmt = [f"\nIn: q{i}" + "".join("\n - " + c for c in rng.permutation(["no", "yes"])) + "\nOut: "
-         for i in range(5)]
+  order = np.random.RandomState(42).permutation(["no", "yes"])  # Every example's choices.
+  fmt = [f"\nIn: q{i}" + "".join("\n - " + c for c in order) + "\nOut: " for i in range(5)]
+  rng = np.random.RandomState(42)  # The shots' generator, continued across the examples.
   answers = [("no",), ("yes",), ("no",), ("no", "nope"), ("no",)]
   want = []
   for i in range(5):

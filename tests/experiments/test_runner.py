@@ -140,3 +140,37 @@ def test_configs_are_found_without_a_checkout_around_the_package(tmp_path):
   proc = ask(elsewhere)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.splitlines()[0] == str(elsewhere / "configs" / "experiments")
+
+
+def test_a_failing_experiment_fails_the_command_and_the_others_still_run(tmp_path, monkeypatch,
+                                                                         capsys):
+  from t5like import runtime
+  from t5like.experiments import __main__ as m
+  ran = []
+
+  def run_one(name, budget, out):
+    ran.append(name)
+    if name == "attention_rank":
+      raise ValueError("made to fail by the test\nsecond line")
+  monkeypatch.setattr(m, "run_one", run_one)
+  monkeypatch.setattr(runtime, "init_tensorflow", lambda: None)
+  monkeypatch.setattr(m, "_compilation_cache", lambda out: None)
+  names = ["attention_rank", "scaling", "moe"]
+  assert m.main(names + ["--quick", "--output_dir", str(tmp_path)]) == 2
+  assert ran == names
+  err = capsys.readouterr().err
+  assert "Traceback" not in err, err
+  assert err.splitlines()[0] == ("error: experiment attention_rank failed: ValueError: made to "
+                                 "fail by the test"), err
+
+
+@pytest.mark.slow  # Every experiment's quick budget, in one command, as the README shows it.
+@pytest.mark.timeout(5400)
+def test_all_quick_experiments_end_to_end(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "t5like.experiments", "all", "--quick",
+                         "--output_dir", str(tmp_path)], cwd=ROOT, capture_output=True,
+                        text=True, timeout=5400)
+  assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+  from t5like.experiments.__main__ import available
+  for name in available():
+    assert "Criterion (fixed before the runs)" in (tmp_path / name / "report.md").read_text()

@@ -90,14 +90,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("layout", ["generate", "stack_reference"])
+@pytest.mark.parametrize("layout", ["generate", "stack"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_cached_logits_equal_full_forward(case, layout):
-  """``generate``: the unstacked decoder on the chosen backend (on CPU its kernels);
-  ``stack_reference``: the model's own stack (scanned or unrolled) on the reference forms."""
+  """``generate``: the unstacked decoder (``steps.decode_layout``); ``stack``: the model's own
+  stack (scanned or unrolled)."""
   family, overrides = CASES[case]
-  if layout == "stack_reference":
-    overrides = dict(overrides, ops="reference")
   model = tiny_model(family, seed=1, **overrides)
   got = cached_logits(model, PROMPTS, FORCED, unstacked=layout == "generate")
   want = full_logits(model, PROMPTS, FORCED)

@@ -78,9 +78,9 @@ def _loss_and_grads(family, overrides, batch, impl):
 @pytest.mark.backends("cpu", "tpu")  # Splash: interpret mode on CPU, a TPU kernel.
 @pytest.mark.parametrize("family, overrides, make_batch", CASES,
                          ids=["causal", "prefix", "gqa", "redllm", "mixed_head", "mixed_layer"])
-def test_splash_equals_xla_forward_and_gradients(family, overrides, make_batch):
+def test_splash_equals_the_reference_forward_and_gradients(family, overrides, make_batch):
   batch = make_batch()
-  logits_x, grads_x = _loss_and_grads(family, overrides, batch, "xla")
+  logits_x, grads_x = _loss_and_grads(family, overrides, batch, "reference")
   logits_s, grads_s = _loss_and_grads(family, overrides, batch, "splash")
   real = np.asarray(batch["decoder_segment_ids"]) > 0
   assert_close_to_scale(np.asarray(logits_s)[real], np.asarray(logits_x)[real])
@@ -107,7 +107,7 @@ def test_splash_kernel_matches_the_materialised_mask(kind, mixed):
     out = attention_kernels.splash_attention(q, k, v, spec)
     ref = dot_product_attention(q, k, v, mask)
     assert_close_to_scale(out, ref)
-    assert float(jnp.abs(out[0, -6:]).max()) == 0.0  # Padding queries give zeros, as on xla.
+    assert float(jnp.abs(out[0, -6:]).max()) == 0.0  # Padding queries give zeros, as the reference.
 
 
 @pytest.mark.backends("cpu", "tpu")  # Splash: interpret mode on CPU, a TPU kernel.
@@ -192,7 +192,7 @@ for family, kw, make in (("decllm", dict(decoder_attention="prefix"), _packed_de
   batch = make()
   batch = {k: jnp.concatenate([v] * 4) for k, v in batch.items()}  # 8 rows over 4 shards.
   res = {}
-  for impl in ("xla", "splash"):
+  for impl in ("reference", "splash"):
     model = build_model(tiny_cfg(family, attention_impl=impl, **kw), nnx.Rngs(0))
     mesh = partitioning.make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
     with jax.set_mesh(mesh), partitioning.axis_rules():
@@ -203,11 +203,11 @@ print("RESULT" + json.dumps(out))
 """
 
 
-def test_splash_on_a_mesh_of_8_devices_equals_xla():
+def test_splash_on_a_mesh_of_8_devices_equals_the_reference():
   sys.path.insert(0, os.path.join(REPO, "tests", "training"))
   from train_helpers import run_script
   result = json.loads(run_script(MESH_SCRIPT, devices=8).stdout.split("RESULT", 1)[1])
   for family, res in result.items():
-    xla, splash = np.asarray(res["xla"]), np.asarray(res["splash"])
+    xla, splash = np.asarray(res["reference"]), np.asarray(res["splash"])
     real = np.abs(xla).sum(-1) > 0
     assert_close_to_scale(splash[real], xla[real], err_msg=family)

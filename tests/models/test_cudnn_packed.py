@@ -195,17 +195,17 @@ def test_missing_entry_point_or_arguments_are_clear_errors(monkeypatch):
   assert callable(fn)
   from jax._src.cudnn import fused_attention_stablehlo as fa
   monkeypatch.setattr(fa, "dot_product_attention", lambda query, key, value, mask_type=None: 0)
-  with pytest.raises(ValueError, match="takes no q_seqlen, kv_seqlen, q_offsets.*'xla'"):
+  with pytest.raises(ValueError, match="takes no q_seqlen, kv_seqlen, q_offsets.*'reference'"):
     cudnn_packed.entry_point()
   monkeypatch.delattr(fa, "dot_product_attention")
-  with pytest.raises(ValueError, match="has none.*'xla'"):
+  with pytest.raises(ValueError, match="has none.*'reference'"):
     cudnn_packed.entry_point()
 
 
 def test_packed_cudnn_off_a_gpu_is_a_clear_error():
   ids = jnp.asarray(DEC)
   q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(4, 16, 16, 2, 2))
-  with pytest.raises(ValueError, match="runs on NVIDIA GPUs.*'xla'"):
+  with pytest.raises(ValueError, match="runs on NVIDIA GPUs.*'reference'"):
     attention_kernels.cudnn_attention(q, k, v, masks.MaskSpec(ids, ids, "causal"),
                                       max_segments_per_row=4)
 

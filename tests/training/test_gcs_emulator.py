@@ -111,7 +111,7 @@ def test_train_kill_resume_eval_on_a_gs_workdir(gcs, tmp_path):
   events = sorted((run / "tensorboard").glob("events.out.tfevents.*"))
   # The killed start may not have flushed its events (every 30 s); the resumed one wrote a
   # TensorBoard file with the losses of its steps.
-  assert _scalar_steps(events[-1], "train/loss") == [s for s in range(5, STEPS + 1, 5)
+  assert _scalar_steps(events[-1], "loss") == [s for s in range(5, STEPS + 1, 5)
                                                      if s > max(committed)]
 
   # 3. eval.py reads the checkpoint from the bucket and writes its report there.

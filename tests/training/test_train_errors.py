@@ -74,9 +74,9 @@ def test_resuming_with_other_data_settings_is_an_error_not_corruption(tmp_path):
 
 def test_cudnn_attention_off_a_gpu_is_a_config_error_before_the_first_step(tmp_path):
   """Packed rows with attention_impl='cudnn' need an NVIDIA GPU (Hopper or newer): elsewhere
-  the step's tracing stops with a ConfigError naming 'xla' (the CLIs print one error block)."""
+  the step's tracing stops with a ConfigError naming 'reference' (the CLIs print one error block)."""
   cfg = tiny_config(steps=1, batch_size=2, length=16)
   cfg.model.attention_impl, cfg.model.dtype = "cudnn", "bfloat16"
   cfg.validate()
-  with pytest.raises(ConfigError, match="runs on NVIDIA GPUs.*'xla'"):
+  with pytest.raises(ConfigError, match="runs on NVIDIA GPUs.*'reference'"):
     loop.run(cfg, str(tmp_path), data=SyntheticData(cfg))

@@ -26,12 +26,10 @@ import json, os, sys
 import jax, numpy as np
 from t5like import partitioning
 from t5like.config import ConfigError, to_dict
-from t5like.ops import xla_cpu as xla_ops
 from t5like.training import checkpointing, loop, state as state_lib, step as step_lib
 from t5like.training.data import SyntheticData, global_batch
 from train_helpers import tiny_config
 
-xla_ops.CAUSAL_BLOCK = 8  # Causal attention in query blocks on the mesh too (32 tokens: 4).
 
 out_dir = sys.argv[1]
 assert jax.device_count() == 8

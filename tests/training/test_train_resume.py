@@ -33,7 +33,7 @@ def _cfg(data="synthetic"):
   return cfg
 
 
-def _run(workdir, *, check=True, timeout=300, data="synthetic", **options):
+def _run(workdir, *, check=True, timeout=900, data="synthetic", **options):
   proc = subprocess.run(runner_command(_cfg(data), str(workdir), data=data, **options),
                         cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
                         timeout=timeout)
@@ -85,13 +85,10 @@ def test_sigkill_and_restart_reproduce_the_uninterrupted_run(data, request, tmp_
   assert '"resumed_from_step": 4' in resumed.stdout
 
   got = losses_by_step(str(tmp_path))
-  assert sorted(got) == sorted(ref)
-  twice = {step for step, losses in got.items() if len(losses) == 2}
-  # Steps after checkpoint 4 ran twice (before the kill and after the restart; step 6's metrics
-  # are fetched after step 7 is dispatched, so the killed run logged up to step 5).
-  assert twice == {5}, got
-  for step, losses in got.items():
-    assert all(loss == ref[step][0] for loss in losses), (step, losses, ref[step])
+  # Step 5 ran twice (before the kill and after the restart; step 6's metrics are fetched after
+  # step 7 is dispatched, so the killed run logged up to step 5): the resumed run's row replaced
+  # the killed one's.
+  assert got == ref, got
   _assert_same_final_state(reference, tmp_path)
 
 
@@ -114,8 +111,7 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous(reference, tmp_p
   with open(workdir / "train.log") as f:
     assert "cannot be restored" in f.read()
   _assert_same_final_state(reference, workdir)
-  redo = [r["loss"] for r in read_metrics(str(workdir)) if r["step"] == STEPS and "loss" in r]
-  assert len(redo) == 2 and redo[0] == redo[1]
+  assert losses_by_step(str(workdir)) == losses_by_step(str(reference))  # Redone steps: once.
 
 
 def test_sigterm_saves_and_exits_cleanly(reference, tmp_path):
@@ -139,3 +135,53 @@ def test_sigterm_saves_and_exits_cleanly(reference, tmp_path):
   # The preemption checkpoint is a normal one: restarting finishes the run identically.
   _run(tmp_path)
   _assert_same_final_state(reference, tmp_path)
+
+
+def _tensorboard_points(workdir, tag: str) -> list[int]:
+  """The steps of ``tag`` as TensorBoard shows them: event files read in name order, and a
+  ``SessionLog.START`` at step s discarding the points from s on (TensorBoard's restart
+  handling, ``purge_orphaned_data``)."""
+  import tensorflow as tf
+  steps: list[int] = []
+  for f in sorted(os.listdir(workdir / "tensorboard")):
+    for e in tf.compat.v1.train.summary_iterator(str(workdir / "tensorboard" / f)):
+      if e.HasField("session_log") and e.session_log.status == e.session_log.START:
+        steps = [s for s in steps if s < e.step]
+      steps += [e.step for v in e.summary.value if v.tag == tag]
+  return steps
+
+
+def test_ctrl_c_saves_the_step_says_so_in_one_line_and_the_rerun_resumes(reference, tmp_path):
+  """train.py under SIGINT: the current step is saved, one line says so, the exit status is 130;
+  the same command resumes from that step and finishes like the uninterrupted run, each step
+  once in metrics.jsonl and in TensorBoard."""
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen(runner_command(_cfg(), str(workdir), sleep_per_step=0.5, cli=True),
+                          cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 600
+  while time.time() < deadline and proc.poll() is None:
+    if (workdir / "metrics.jsonl").exists() and len(read_metrics(str(workdir))) >= 2:
+      break
+    time.sleep(0.2)
+  assert proc.poll() is None, proc.communicate()[1][-3000:]
+  proc.send_signal(signal.SIGINT)
+  out, err = proc.communicate(timeout=600)
+  assert proc.returncode == 130, err[-3000:]
+  assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+  saved = checkpoint_steps(str(workdir))
+  assert saved and saved[-1] < STEPS, saved
+  lines = [ln for ln in (out + err).splitlines() if "Ctrl-C" in ln]
+  assert lines == [f"Ctrl-C at step {saved[-1]}: checkpoint {saved[-1]} saved in "
+                   f"{workdir}/checkpoints; the same command resumes from it"], out + err
+  assert '"step"' not in out  # No summary: the run did not finish.
+
+  rerun = subprocess.run(runner_command(_cfg(), str(workdir), cli=True), cwd=REPO,
+                         env=subprocess_env(), capture_output=True, text=True, timeout=900)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert f'"step": {STEPS}' in rerun.stdout
+  assert f"resumed from checkpoint {workdir}/checkpoints/{saved[-1]}" in (
+      workdir / "train.log").read_text()
+  assert losses_by_step(str(workdir)) == losses_by_step(str(reference))
+  _assert_same_final_state(reference, workdir)
+  assert _tensorboard_points(workdir, "loss") == list(range(1, STEPS + 1))

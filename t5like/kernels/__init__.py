@@ -1,1 +1,0 @@
-"""Hand-written kernels where XLA has no fast one (each with an XLA fallback)."""

@@ -38,6 +38,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                       help="with --compile_only: compile for a TPU slice that need not exist "
                            "here, e.g. v5p-128, v5e-256, v6e-64, v5p:4x4x4 (needs libtpu: "
                            "pip install -e '.[tpu]')")
+  parser.add_argument("--num_slices", type=int, default=1,
+                      help="with --topology: that many such slices joined over DCN (multi-slice; "
+                           "mesh.slices follows)")
   cli.add_debug_argument(parser)
   return cli.parse(parser, argv)
 
@@ -55,6 +58,8 @@ def _main(argv: list[str]) -> int:
     return 0
   if args.topology and not args.compile_only:
     raise ConfigError("--topology needs --compile_only")
+  if args.num_slices != 1 and not args.topology:
+    raise ConfigError("--num_slices needs --topology (the slices of a TPU topology)")
   from t5like import runtime
   runtime.init_tensorflow()  # TF (data only) off accelerators, quiet, no false cuInit error.
   if args.compile_only:
@@ -79,7 +84,8 @@ def _main(argv: list[str]) -> int:
 def _compile_only(cfg, args) -> int:
   from t5like.training import aot
   name = os.path.splitext(os.path.basename(args.config))[0]  # Its compilation cache: the run's.
-  report = aot.run_compile_only(cfg, args.topology, args.workdir or os.path.join("runs", name))
+  report = aot.run_compile_only(cfg, args.topology, args.workdir or os.path.join("runs", name),
+                                args.num_slices)
   print(aot.format_report(os.path.splitext(os.path.basename(args.config))[0], report))
   return 0 if report["fits"] else 1
 

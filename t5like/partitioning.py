@@ -1,12 +1,15 @@
 """Device mesh and the one rule table that maps logical axis names to mesh axes.
 
 Model code names only logical axes (``batch, length, embed, heads, kv, mlp, vocab, layers,
-expert``); this module decides where they live on the ``(data, expert, fsdp, tensor)`` mesh:
+expert``); this module decides where they live on the ``(dcn, data, expert, fsdp, tensor)`` mesh
+(``dcn``: data parallelism across the slices of a multi-slice run, size 1 on one slice; see
+``make_mesh``):
 
 =========  ===================  ==============================================================
 logical    mesh axes            why
 =========  ===================  ==============================================================
-batch      (data, expert, fsdp)  every data-parallel replica, expert and FSDP shard reads its rows
+batch      (dcn, data, expert,  every slice, data-parallel replica, expert and FSDP shard reads
+           fsdp)                its rows
 expert     expert               MoE experts (routed-expert weights, router columns, the bias);
                                 the capacity path exchanges tokens over it (models/moe_dispatch)
 embed      (expert, fsdp)       parameters (and their optimizer state) sharded over FSDP and, on
@@ -60,10 +63,11 @@ from t5like.config.train import MeshConfig
 
 log = logging.getLogger(__name__)
 
-MESH_AXES = ("data", "expert", "fsdp", "tensor")
+MESH_AXES = ("dcn", "data", "expert", "fsdp", "tensor")
+ICI_AXES = MESH_AXES[1:]  # The axes inside one slice (``mesh.data`` ... ``mesh.tensor``).
 
 LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "expert", "fsdp")),
+    ("batch", ("dcn", "data", "expert", "fsdp")),
     ("expert", "expert"),
     ("embed", ("expert", "fsdp")),
     ("embed", "fsdp"),
@@ -77,7 +81,8 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 
 def mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[int, int, int, int]:
-  """Resolves -1 and checks that the mesh uses exactly ``num_devices`` devices."""
+  """Resolves -1 and checks that the (data, expert, fsdp, tensor) sizes use exactly
+  ``num_devices`` devices (one slice's)."""
   cfg.validate()
   sizes = [cfg.data, cfg.expert, cfg.fsdp, cfg.tensor]
   known = math.prod(s for s in sizes if s != -1)
@@ -129,16 +134,68 @@ def compiler_options(cfg: MeshConfig, mesh: Mesh) -> dict[str, bool]:
   return {}
 
 
-def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A (data, expert, fsdp, tensor) mesh with Auto axis types (what logical-rule sharding needs)."""
-  devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(cfg, len(devices))
+def device_slices(devices: Sequence[jax.Device]) -> int:
+  """How many slices ``devices`` span: distinct ``slice_index`` values (multi-slice TPU, or an
+  AOT topology with ``num_slices``), 1 for devices without one (CPU, GPU, one slice)."""
+  return len({getattr(d, "slice_index", 0) for d in devices})
+
+
+def num_slices(cfg: MeshConfig, devices: Sequence[jax.Device]) -> int:
+  """``mesh.slices`` resolved (0 = the devices' own slices), checked against the devices."""
+  cfg.validate()
+  have = device_slices(devices)
+  slices = cfg.slices or have
+  if have > 1 and slices != have:
+    raise ConfigError(f"mesh.slices={cfg.slices} but the {len(devices)} devices span {have} "
+                      f"slices (slice_index); set mesh.slices={have} or 0 (auto)")
+  if len(devices) % slices:
+    raise ConfigError(f"mesh.slices={slices} does not divide the {len(devices)} devices; every "
+                      "slice must have the same number of devices")
+  return slices
+
+
+def _slice_grid(ici: tuple[int, ...], devices: Sequence[jax.Device]) -> np.ndarray:
+  """One slice's devices laid out as ``ici``: ICI-aware on TPUs, row-major elsewhere."""
+  from jax.experimental import mesh_utils
   try:
-    from jax.experimental import mesh_utils
-    grid = mesh_utils.create_device_mesh(shape, devices=devices)
+    return mesh_utils.create_device_mesh(ici, devices=list(devices))
   except Exception:  # Non-TPU topologies or unusual shapes: plain row-major order.
-    grid = np.asarray(devices).reshape(shape)
-  return Mesh(grid, MESH_AXES)
+    return np.asarray(devices).reshape(ici)
+
+
+def _hybrid_grid(ici: tuple[int, ...], dcn: tuple[int, ...], devices: list, slices: int):
+  """The multi-slice device grid: ``jax``'s hybrid builder where the devices say which slice
+  (``slice_index``) or process (``process_is_granule``: GPUs, CPU processes) they belong to;
+  fake CPU devices of one process are split into ``slices`` consecutive groups (tests)."""
+  from jax.experimental import mesh_utils
+  if device_slices(devices) == slices:
+    return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+  if len({d.process_index for d in devices}) == slices:
+    return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True)
+  if len({d.process_index for d in devices}) > 1:
+    raise ConfigError(f"mesh.slices={slices}: the devices come from "
+                      f"{len({d.process_index for d in devices})} processes and carry no "
+                      "slice_index; on GPUs/CPUs each process is one slice, so set mesh.slices "
+                      "to the number of processes")
+  per = len(devices) // slices
+  blocks = [_slice_grid(ici, devices[i * per:(i + 1) * per]) for i in range(slices)]
+  return np.block(np.asarray(blocks + [None], dtype=object)[:-1].reshape(dcn).tolist())
+
+
+def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A (dcn, data, expert, fsdp, tensor) mesh with Auto axis types (what logical-rule sharding
+  needs). ``mesh.data`` ... ``mesh.tensor`` are the sizes inside one slice; on several slices
+  (``mesh.slices``) the slices multiply ``dcn`` (data parallelism over DCN, the default:
+  ``mesh.dcn_axis="data"``) or ``fsdp`` (``mesh.dcn_axis="fsdp"``: parameters sharded across
+  slices, every layer's all-gather crossing DCN), as MaxText's ``dcn_*_parallelism``."""
+  devices = list(jax.devices() if devices is None else devices)
+  slices = num_slices(cfg, devices)
+  ici = (1,) + mesh_shape(cfg, len(devices) // slices)
+  if slices == 1:
+    return Mesh(_slice_grid(ici, devices), MESH_AXES)
+  dcn = [1] * len(MESH_AXES)
+  dcn[MESH_AXES.index("dcn" if cfg.dcn_axis == "data" else "fsdp")] = slices
+  return Mesh(_hybrid_grid(ici, tuple(dcn), devices, slices), MESH_AXES)
 
 
 def rules(mesh: Mesh | None = None) -> tuple:

@@ -184,7 +184,8 @@ def _cpu_commands() -> list[list[str]]:
   return [words for part in parts for words in _commands(FENCE.search(part).group(0))]
 
 
-LAUNCHERS = ("docker/launch_tpu.sh", "docker/launch_gpu.sh")  # Their arguments go to train.py.
+LAUNCHERS = ("docker/launch_tpu.sh", "docker/launch_gpu.sh",  # Their arguments go to train.py.
+             "docker/launch_tpu_multislice.sh")
 CHEAP_CLIS = {("train.py",), ("eval.py",), ("-m", "t5like.experiments")}  # --help in ~1 s.
 
 

@@ -10,13 +10,23 @@ import dataclasses
 from t5like.config.schema import ConfigError, check_choice, check_positive
 
 SCHEDULES = ("warmup_cosine", "constant")
+FIT_MODES = ("", "auto", "check", "off")
 DISTRIBUTED_MODES = ("auto", "on", "off")
+DCN_AXES = ("data", "fsdp")
 
 
 @dataclasses.dataclass
 class MeshConfig:
-  """Device mesh; one size may be -1 to take the remaining devices."""
+  """Device mesh; one size may be -1 to take the remaining devices (of one slice)."""
 
+  slices: int = 0  # Slices joined over the data-center network (DCN): 0 = as many as the devices
+  #   span (their slice_index: multi-slice TPUs, or --num_slices AOT topologies; else 1). On
+  #   GPUs / CPU processes, which carry no slice_index, N > 1 makes each process one slice.
+  #   data/fsdp/tensor/expert below are the sizes inside one slice.
+  dcn_axis: str = "data"  # What crosses DCN: "data" (data parallelism over the slices: one
+  #   gradient all-reduce per step over DCN, the mesh's `dcn` axis) or "fsdp" (parameters sharded
+  #   across slices too: every layer's all-gather crosses DCN; only to fit a model that one slice's
+  #   HBM cannot hold).
   data: int = 1  # Pure data-parallel replicas.
   fsdp: int = -1  # Fully-sharded data parallel (parameters sharded over 'embed').
   tensor: int = 1  # Tensor parallel (heads / mlp / vocab).
@@ -29,6 +39,8 @@ class MeshConfig:
   #   (partitioning.compiler_options); false leaves them to libtpu's defaults. No effect on v5e.
 
   def validate(self) -> "MeshConfig":
+    check_choice("mesh.dcn_axis", self.dcn_axis, DCN_AXES)
+    check_positive("mesh.slices", self.slices, allow_zero=True)
     sizes = (self.data, self.fsdp, self.tensor, self.expert)
     if sum(s == -1 for s in sizes) > 1:
       raise ConfigError(f"at most one mesh axis may be -1, got data/fsdp/tensor/expert={sizes}")
@@ -76,6 +88,11 @@ class TrainConfig:
   profile_steps: str = ""  # "START:STOP": a jax.profiler trace of the steps that take the state
   #   from step START to step STOP, written under <workdir>/profile (TensorBoard's profile tab;
   #   Perfetto). "" = off. E.g. "10:13" traces three steps after compilation and warm-up.
+  fit: str = ""  # Before the first step: "auto" takes the first candidate remat/microbatch
+  #   setting that leaves 20 % of the memory free when the configured one does not (logged);
+  #   "check" fails naming that setting; "off" trusts the config; "" = auto on TPU/GPU, off on
+  #   CPU (t5like/training/fit.py, docs/pods.md).
+  fit_budget_gib: float = 0.0  # Memory per device train.fit must fit in; 0 = the device's own.
   compile_cache: bool = True  # Persistent compilation cache (docs/compile.md): a restart of the same
   #   config on the same devices and JAX version loads its compiled steps instead of compiling.
   compile_cache_dir: str = ""  # Where (any URI, gs:// included; shared by all hosts). "" =
@@ -85,6 +102,8 @@ class TrainConfig:
 
   def validate(self) -> "TrainConfig":
     check_choice("train.schedule", self.schedule, SCHEDULES)
+    check_choice("train.fit", self.fit, FIT_MODES)
+    check_positive("train.fit_budget_gib", self.fit_budget_gib, allow_zero=True)
     check_positive("train.steps", self.steps)
     check_positive("train.batch_size", self.batch_size)
     check_positive("train.microbatches", self.microbatches)
@@ -168,11 +187,18 @@ class DistributedConfig:
   process_id: int = -1  # This process's id; -1 = env JAX_PROCESS_ID or auto-detect.
   local_device_ids: str = ""  # Comma-separated local device ids this process uses ("" = all).
   initialization_timeout_s: int = 300  # How long to wait for all processes to join.
+  heartbeat_timeout_s: int = 900  # A process silent this long is declared dead and the job
+  #   stops (JAX's default, 100 s, kills multi-slice jobs whose hosts are busy compiling: keep it
+  #   above the longest compile, docs/pods.md); lower it to notice a lost host sooner.
+  shutdown_timeout_s: int = 900  # How long a finishing process waits for the others at exit
+  #   (one may still be writing its last checkpoint or compiling its final eval step).
 
   def validate(self) -> "DistributedConfig":
     check_choice("distributed.mode", self.mode, DISTRIBUTED_MODES)
     check_positive("distributed.num_processes", self.num_processes, allow_zero=True)
     check_positive("distributed.initialization_timeout_s", self.initialization_timeout_s)
+    check_positive("distributed.heartbeat_timeout_s", self.heartbeat_timeout_s)
+    check_positive("distributed.shutdown_timeout_s", self.shutdown_timeout_s)
     if self.process_id < -1:
       raise ConfigError(f"distributed.process_id must be >= 0 or -1, got {self.process_id}")
     if self.num_processes and self.process_id >= self.num_processes:

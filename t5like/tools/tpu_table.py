@@ -24,7 +24,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from typing import Any
 
 from etils import epath
@@ -32,7 +31,7 @@ from etils import epath
 from t5like import cli
 from t5like.config import Config, ConfigError, load_config
 from t5like.tools import provenance
-from t5like.training import aot
+from t5like.training import aot, fit
 
 PRETRAIN = [f"{f}_{s}" for s in ("150m", "1b", "2b", "4b", "8b") for f in ("decllm", "redllm")]
 FINETUNE = [f"{f}_{s}_flan" for s in ("150m", "1b", "2b", "4b", "8b")
@@ -42,11 +41,8 @@ MOE = ([f"{f}_{s}_moe" for s in ("1b", "8b") for f in ("decllm", "redllm")]
 # A mixture-of-experts config is compiled expert-parallel (docs/moe.md): its 8 expert groups one
 # per shard of an 8-way `expert` axis, on the capacity path (the dispatch that runs sharded).
 EXPERT_PARALLEL = ["mesh.expert=8", "model.moe.capacity_factor=1.25"]
-# (remat policy, microbatches) in order of predicted MFU: "dots_no_batch" keeps the matmul outputs
-# (no recomputed FLOPs), "full" recomputes the forward pass (MFU <= 3/4 of compute-bound).
-CANDIDATES = [("dots_no_batch", 1), ("dots_no_batch", 2), ("full", 1), ("full", 2), ("full", 4),
-              ("full", 8), ("full", 16)]
-SKIP_ABOVE = 1.5  # Skip a candidate whose summed estimates exceed this multiple of the HBM.
+# The candidate settings and their search: the trainer's own (train.fit, t5like/training/fit.py).
+CANDIDATES, SKIP_ABOVE, search = fit.CANDIDATES, fit.SKIP_ABOVE, fit.search
 # Data paths the paper configs require; a compile reads no data, so they are never opened.
 PLACEHOLDERS = ["data.data_dir=gs://compile-only/corpus",
                 "data.vocab_path=gs://compile-only/spm.model",
@@ -54,65 +50,13 @@ PLACEHOLDERS = ["data.data_dir=gs://compile-only/corpus",
 BEGIN, END = "<!-- tpu-table -->", "<!-- /tpu-table -->"
 
 
-def _candidate(base: Config, remat: str, microbatches: int, fsdp_split: int) -> Config | None:
-  cfg = copy.deepcopy(base)
-  cfg.model.remat_policy, cfg.train.microbatches = remat, microbatches
-  if fsdp_split > 1:  # Move a factor of the devices from fsdp to tensor.
-    cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, -1, fsdp_split
-  if cfg.train.batch_size % microbatches:
-    return None
-  return cfg
-
-
-def search(base: Config, chip: aot.Chip, devices, log=print, max_compiles: int = 8,
-           candidates: list[tuple[str, int]] | None = None) -> tuple[dict[str, Any], Config]:
-  """Compiles ``candidates`` (default `CANDIDATES`) in order until one fits or ``max_compiles``
-  were compiled; returns the report and config of the one that fits (or of the last tried)."""
-  from t5like import partitioning
-  from t5like.training import state as state_lib
-  last: dict[str, Any] | None = None
-  tried = 0
-  for split in (1, 4):
-    for remat, mb in candidates or CANDIDATES:
-      cfg = _candidate(base, remat, mb, split)
-      if cfg is None:
-        continue
-      try:
-        mesh = partitioning.make_mesh(cfg.mesh, devices)
-        from t5like.training.state import check_batch_layout
-        check_batch_layout(cfg, mesh)
-        setup = state_lib.build_setup(cfg, mesh)
-      except ConfigError as e:
-        log(f"    skip {remat}/mb{mb}/tensor{split}: {str(e)[:160]}")
-        continue
-      estimate = sum(aot.activation_estimates(cfg, setup).values())
-      if estimate > SKIP_ABOVE * chip.hbm_bytes:
-        continue
-      t0 = time.time()
-      try:
-        report = aot.compile_report(cfg, devices, chip=chip, eval_step=False)
-      except ConfigError as e:
-        log(f"    skip {remat}/mb{mb}/tensor{split}: {str(e)[:160]}")
-        continue
-      tried += 1
-      report.update(remat=remat, microbatches=mb)
-      log(f"    {remat}/mb{mb} mesh {report['mesh']}: peak "
-          f"{report['train']['peak'] / aot.GiB:.1f} GiB, fits={report['fits']}, "
-          f"MFU {report['mfu_serial']:.0%}-{report['mfu']:.0%} ({time.time() - t0:.0f} s)")
-      last = report, cfg
-      if report["fits"] or tried >= max_compiles:
-        return last
-  if last is None:
-    raise ConfigError("no candidate setting could be built for this slice")
-  return last
-
-
 def _setting(base: Config, r: dict[str, Any]) -> Config:
   """``base`` with the remat policy, microbatches and mesh a stored result chose."""
   cfg = copy.deepcopy(base)
   cfg.model.remat_policy, cfg.train.microbatches = r["remat"], r["microbatches"]
   for axis, size in r["mesh"].items():
-    setattr(cfg.mesh, axis, size)
+    if axis != "dcn":  # The slices: the topology's (mesh.slices=0 takes them).
+      setattr(cfg.mesh, axis, size)
   return cfg
 
 

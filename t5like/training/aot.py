@@ -17,7 +17,8 @@ softmax, RoPE) and kernel launch gaps are not modelled, so a measured MFU is low
 HBM bytes: parameters, gradients and optimizer state read and written once
 per microbatch-accumulated step plus the compiled temporaries written and read once; ICI bytes:
 the FSDP all-gather of the parameters (forward and backward, per microbatch) and the
-reduce-scatter of the gradients.
+reduce-scatter of the gradients. On several slices a fourth term, DCN: the bytes the compiled
+program moves between slices (``dcn.megascale_bytes``) at the chip's DCN bandwidth.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 
 from t5like import ops, partitioning
 from t5like.config import Config, ConfigError
-from t5like.training import compile_cache
+from t5like.training import compile_cache, dcn
 from t5like.training import flops as flops_lib
 from t5like.training import state as state_lib
 from t5like.training import step as step_lib
@@ -99,8 +100,12 @@ def _torus(chips: int, dims: int) -> list[int] | None:
   return sorted(d for d in shape if d > 1) + [1] * shape.count(1)
 
 
-def topology_devices(name: str) -> tuple[Chip, list[Any]]:
-  """Devices of a TPU topology that need not exist (compile only)."""
+def topology_devices(name: str, num_slices: int = 1) -> tuple[Chip, list[Any]]:
+  """Devices of a TPU topology that need not exist (compile only); ``num_slices`` such slices
+  joined over DCN (the devices carry ``slice_index``), also written ``2xv5p-128``."""
+  many = re.fullmatch(r"\s*([0-9]+)\s*x\s*(v.+)", name.lower())
+  if many:
+    num_slices, name = num_slices * int(many.group(1)), many.group(2)
   chip, topo = parse_topology(name)
   from t5like import runtime
   chips = math.prod(int(d) for d in topo.split(":")[1].split("x"))
@@ -109,7 +114,8 @@ def topology_devices(name: str) -> tuple[Chip, list[Any]]:
   runtime.libtpu_init_args()  # Its compiler's fiber stacks (a paper config overflowed them).
   try:
     from jax.experimental import topologies
-    desc = topologies.get_topology_desc(platform="tpu", topology_name=topo)
+    desc = topologies.get_topology_desc(platform="tpu", topology_name=topo,
+                                        **({"num_slices": num_slices} if num_slices > 1 else {}))
   except Exception as e:  # noqa: BLE001 - libtpu missing or topology unknown to it.
     why = str(e).splitlines()[0][:200] if str(e) else ""
     hint = ("another process holds libtpu; a host without TPUs may compile in several "
@@ -195,7 +201,7 @@ def largest_consumer(estimates: dict[str, float]) -> tuple[str, float, str]:
 
 
 def roofline(cfg: Config, setup: state_lib.TrainSetup, chip: Chip | None, peak_flops: float,
-             mem: dict[str, int]) -> dict[str, float]:
+             mem: dict[str, int], traffic: dict[str, int] | None = None) -> dict[str, float]:
   """FLOPs per chip and the roofline step time / MFU (see the module docstring)."""
   n = setup.mesh.size
   dec, enc = _lengths(cfg)
@@ -213,19 +219,29 @@ def roofline(cfg: Config, setup: state_lib.TrainSetup, chip: Chip | None, peak_f
   hbm = 2 * (params + opt_state + params) + 2 * mem["temporaries"]  # State, then gradients.
   full_params = sum(x.size * (2 if cfg.model.dtype == "bfloat16" else 4)
                     for x in jax.tree.leaves(st.params))
-  fsdp = setup.mesh.shape.get("fsdp", 1)
+  fsdp = setup.mesh.shape.get("fsdp", 1)  # Inside a slice (FSDP over DCN: its DCN bytes apart).
+  fsdp //= partitioning.device_slices(setup.mesh.devices.flat) if cfg.mesh.dcn_axis == "fsdp" else 1
   gathers = (2 * cfg.train.microbatches + 1) * full_params * (fsdp - 1) / fsdp if fsdp > 1 else 0
   out.update(hbm_s=hbm / chip.hbm_bw, ici_s=gathers / chip.ici_bw)
-  out["step_s"] = max(out["compute_s"], out["hbm_s"], out["ici_s"])  # Perfect overlap.
-  out["step_serial_s"] = out["compute_s"] + out["hbm_s"] + out["ici_s"]  # No overlap at all.
+  terms = ["compute_s", "hbm_s", "ici_s"]
+  if traffic is not None and traffic["ops"]:
+    out["dcn_bytes"] = max(traffic["send"], traffic["recv"])
+    dcn_s = dcn.dcn_seconds(traffic, chip.name)
+    if dcn_s is not None:
+      out["dcn_s"] = dcn_s
+      terms.append("dcn_s")
+  out["step_s"] = max(out[k] for k in terms)  # Perfect overlap.
+  out["step_serial_s"] = sum(out[k] for k in terms)  # No overlap at all.
   out["mfu"] = out["model_compute_s"] / out["step_s"] if out["step_s"] else 0.0
   out["mfu_serial"] = out["model_compute_s"] / out["step_serial_s"] if out["step_s"] else 0.0
   return out
 
 
 def compile_report(cfg: Config, devices: Sequence[Any] | None = None, *,
-                   chip: Chip | None = None, eval_step: bool = True) -> dict[str, Any]:
-  """Compiles the train (and eval) step of ``cfg`` for ``devices``; returns the report dict."""
+                   chip: Chip | None = None, eval_step: bool = True,
+                   hbm_bytes: float = 0.0) -> dict[str, Any]:
+  """Compiles the train (and eval) step of ``cfg`` for ``devices``; returns the report dict.
+  ``hbm_bytes``: the memory per device to fit in (default: the chip's or the device's)."""
   devices = list(jax.devices() if devices is None else devices)
   mesh = partitioning.make_mesh(cfg.mesh, devices)
   state_lib.check_batch_layout(cfg, mesh)
@@ -235,10 +251,15 @@ def compile_report(cfg: Config, devices: Sequence[Any] | None = None, *,
   lowered = step_lib.make_train_step(setup).lower(setup.abstract_state, batch)
   report: dict[str, Any] = {
       "devices": len(devices), "device_kind": devices[0].device_kind,
+      "slices": partitioning.device_slices(devices),
       "mesh": dict(mesh.shape), "num_params": setup.num_params,
       "sparsecore_collectives": bool(partitioning.compiler_options(cfg.mesh, mesh))}
+  traffic = None
   try:
-    report["train"] = memory_per_device(lowered.compile())
+    compiled = lowered.compile()
+    report["train"] = memory_per_device(compiled)
+    if report["slices"] > 1:
+      traffic = report["dcn_traffic"] = dcn.megascale_bytes(compiled.as_text())
   except jax.errors.JaxRuntimeError as e:  # The TPU compiler refuses what cannot fit its HBM.
     report["train"] = _refused(e, cfg, setup)
     report["compile_error"] = str(e).splitlines()[0][:300]
@@ -253,7 +274,7 @@ def compile_report(cfg: Config, devices: Sequence[Any] | None = None, *,
     report["eval"] = memory_per_device(ev)
     report["compile_s"] += time.time() - t1
   report["compile_cache"] = compile_cache.describe(cache_before)
-  hbm = chip.hbm_bytes if chip else device_memory_limit(devices[0])
+  hbm = hbm_bytes or (chip.hbm_bytes if chip else device_memory_limit(devices[0]))
   peak = chip.peak_flops if chip else flops_lib.peak_flops_per_device(
       cfg.train.peak_flops_per_device, cfg.model.dtype)
   report["hbm_bytes"] = hbm
@@ -261,7 +282,7 @@ def compile_report(cfg: Config, devices: Sequence[Any] | None = None, *,
   report["fits"] = bool(hbm) and need <= (1 - HEADROOM) * hbm
   report["headroom"] = 1 - need / hbm if hbm else float("nan")
   report["largest_consumer"] = largest_consumer(activation_estimates(cfg, setup))
-  report.update(roofline(cfg, setup, chip, peak, report["train"]))
+  report.update(roofline(cfg, setup, chip, peak, report["train"], traffic))
   return report
 
 
@@ -340,9 +361,10 @@ def check_fits(cfg: Config, setup: state_lib.TrainSetup, compiled) -> dict[str, 
 
 def format_report(name: str, r: dict[str, Any]) -> str:
   t = r["train"]
+  slices = f" ({r['slices']} slices over DCN)" if r.get("slices", 1) > 1 else ""
   lines = [
       f"{name}: {r['num_params'] / 1e6:,.0f}M parameters on {r['devices']} x "
-      f"{r['device_kind']}, mesh {r['mesh']}"
+      f"{r['device_kind']}{slices}, mesh {r['mesh']}"
       f"{', collectives on the SparseCores' if r.get('sparsecore_collectives') else ''}, "
       f"compiled in {r['compile_s']:.1f} s "
       f"(train step {r['compile_train_s']:.1f} s; {r['compile_cache']})",
@@ -357,9 +379,14 @@ def format_report(name: str, r: dict[str, Any]) -> str:
                  f"needed >= {HEADROOM:.0%})")
   lines.append(f"  FLOPs per chip per step: {r['flops_per_chip']:.3e}")
   if "step_s" in r:
+    dcn_ = (f", DCN {_secs(r['dcn_s'])} ({r['dcn_bytes'] / 2**20:.3g} MiB/chip)" if "dcn_s" in r
+            else ", DCN (no published bandwidth)" if "dcn_bytes" in r else "")
     lines.append(f"  roofline: compute {_secs(r['compute_s'])}, HBM {_secs(r['hbm_s'])}, ICI "
-                 f"{_secs(r['ici_s'])} -> step {_secs(r['step_s'])} (overlapped) to "
+                 f"{_secs(r['ici_s'])}{dcn_} -> step {_secs(r['step_s'])} (overlapped) to "
                  f"{_secs(r['step_serial_s'])} (serial), MFU {r['mfu_serial']:.0%}-{r['mfu']:.0%}")
+  if "fit" in r:
+    lines.append(f"  train.fit=auto would take: {r['fit']['setting']}" if "setting" in r["fit"]
+                 else f"  train.fit=auto finds no setting: {r['fit']['error']}")
   if "compile_error" in r:
     lines.append(f"  the TPU compiler refused the step: {r['compile_error']}")
   if not r["fits"]:
@@ -372,7 +399,8 @@ def _secs(s: float) -> str:
   return f"{s:.3f} s" if s >= 1 else f"{s * 1e3:.2f} ms"
 
 
-def run_compile_only(cfg: Config, topology: str = "", workdir: str = "") -> dict[str, Any]:
+def run_compile_only(cfg: Config, topology: str = "", workdir: str = "",
+                     num_slices: int = 1) -> dict[str, Any]:
   """``train.py --compile_only [--topology T]``: compile, print the report, return it. With a
   ``workdir``, the run's compilation cache is used (``compile_cache``): a second call loads the
   compiled steps, and so does the run itself where the devices are the same."""
@@ -380,7 +408,16 @@ def run_compile_only(cfg: Config, topology: str = "", workdir: str = "") -> dict
     compile_cache.turn_off("a --topology compile cannot load cached executables")
   elif workdir:
     compile_cache.configure(cfg.train, workdir)
-  chip, devices = topology_devices(topology) if topology else (None, None)
+  if num_slices > 1 and not topology:
+    raise ConfigError("--num_slices needs --topology (the slices of a TPU topology)")
+  chip, devices = topology_devices(topology, num_slices) if topology else (None, None)
   report = compile_report(cfg, devices, chip=chip)
-  report["topology"] = topology or "local"
+  report["topology"] = (f"{num_slices} x " if num_slices > 1 else "") + (topology or "local")
+  if not report["fits"]:  # What train.fit=auto would take instead.
+    from t5like.training import fit
+    try:
+      report["fit"] = fit.choose(cfg, devices, chip=chip, mode="auto", own=report,
+                                 say=lambda s: None)[1]
+    except ConfigError as e:
+      report["fit"] = {"mode": "auto", "error": str(e).splitlines()[0]}
   return report

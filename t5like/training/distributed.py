@@ -55,6 +55,18 @@ def _already_initialized() -> bool:
   return _d.global_state.client is not None
 
 
+def timeouts(cfg: DistributedConfig) -> dict[str, int]:
+  """The coordination service's heartbeat / shutdown timeouts for ``jax.distributed.initialize``
+  (where this JAX takes them): above the longest compile, or a multi-slice job whose hosts are
+  compiling dies with DEADLINE_EXCEEDED / a missed heartbeat."""
+  import inspect
+  params = inspect.signature(jax.distributed.initialize).parameters
+  wanted = {"heartbeat_timeout_seconds": cfg.heartbeat_timeout_s,
+            "shutdown_timeout_seconds": cfg.shutdown_timeout_s}
+  any_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+  return {k: v for k, v in wanted.items() if any_kw or k in params}
+
+
 def initialize(cfg: DistributedConfig) -> bool:
   """Initialises the multi-process runtime when ``cfg``/environment asks for it.
 
@@ -81,7 +93,7 @@ def initialize(cfg: DistributedConfig) -> bool:
         f"(got {pid}); or set JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID")
   # Cross-process collectives on CPU devices (no effect on TPU/GPU backends).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  kwargs = dict(initialization_timeout=cfg.initialization_timeout_s)
+  kwargs = dict(initialization_timeout=cfg.initialization_timeout_s, **timeouts(cfg))
   if address:
     kwargs["coordinator_address"] = address
   if num:

@@ -30,6 +30,7 @@ from t5like.config import Config, ConfigError, to_dict
 from t5like.training import checkpointing, compile_cache, distributed, startup, step_dirs
 from t5like.training import workdir_lock
 from t5like.training import data as data_lib
+from t5like.training import fit as fit_lib
 from t5like.training import state as state_lib
 from t5like.training.trainer import NonFiniteError, Trainer  # noqa: F401 - NonFiniteError: API.
 from t5like.training.trainer import compile_ahead
@@ -210,6 +211,8 @@ def _run(cfg: Config, workdir: str, data, step_hook) -> dict[str, Any]:
   # ---- 1. checks that need no compilation ---------------------------------------------------
   mesh = partitioning.make_mesh(cfg.mesh)
   state_lib.check_batch_layout(cfg, mesh)
+  if fit_lib.resolve_mode(cfg, mesh.devices.flat[0].platform) != "off":
+    cfg, _ = fit_lib.choose(cfg)  # train.fit: a remat / microbatch setting that fits.
   init_dir = None
   if cfg.train.init_from:
     try:

@@ -97,7 +97,13 @@ def check_batch_layout(cfg: Config, mesh) -> None:
   shards = partitioning.data_shards(mesh)
   procs = jax.process_count()
   b, m = cfg.train.batch_size, cfg.train.microbatches
-  where = f"mesh data*fsdp = {shards} ({dict(mesh.shape)})"
+  where = f"mesh dcn*data*expert*fsdp = {shards} ({dict(mesh.shape)})"
+  dcn = mesh.shape.get("dcn", 1)
+  if dcn > 1 and (b // m) % dcn:
+    raise ConfigError(
+        f"train.batch_size={b} / train.microbatches={m} = {b // m} rows per microbatch cannot be "
+        f"split over the {dcn} slices (mesh dcn={dcn}): make it a multiple of {dcn} (of "
+        f"{shards} for every data shard), or change mesh.slices")
   if (b // m) % shards:
     raise ConfigError(
         f"train.batch_size={b} / train.microbatches={m} = {b // m} rows per microbatch is not "

@@ -20,6 +20,7 @@ from t5like.ops import cudnn_packed
 from t5like.training.held_out import held_out_metrics, pad_rows
 from t5like.training import aot, checkpointing, compile_cache, startup, step_dirs
 from t5like.training import data as data_lib
+from t5like.training import goodput as goodput_lib
 from t5like.training import held_out
 from t5like.training import flops as flops_lib
 from t5like.training import optimizer as opt_lib
@@ -115,6 +116,7 @@ class Trainer:
     self._train_step = step_lib.make_train_step(setup)
     self._eval_step = step_lib.make_eval_step(setup)
     self._check_finite = jax.jit(state_lib.all_finite, out_shardings=setup.replicated)
+    self.goodput = goodput_lib.Recorder(workdir, write=self.pid == 0)  # Where the time goes.
 
   # ---- restore ---------------------------------------------------------------------------------
   def restore(self) -> None:
@@ -130,9 +132,10 @@ class Trainer:
         for change in opt_lib.changed_settings(saved, cfg.train):
           log.warning("resuming with another optimizer setting than the checkpoint was trained "
                       "with (%s); pass the checkpoint's value to keep its behaviour", change)
-      restored = self.ckpt.restore(
-          setup.abstract_state, self.train_iter if cfg.checkpoint.restore_data else None,
-          check_config)
+      with self.goodput.time("restore"):
+        restored = self.ckpt.restore(
+            setup.abstract_state, self.train_iter if cfg.checkpoint.restore_data else None,
+            check_config)
       if restored is not None:
         self.state, self.resumed_from = restored.state, restored.step
         log.info("resumed from checkpoint %s/%d%s", self.ckpt.directory, restored.step,
@@ -199,13 +202,15 @@ class Trainer:
     if not bool(jax.device_get(self._check_finite(self.state.params))):
       log.error("step %d: parameters are not finite; NOT saving this checkpoint", step)
       return
-    self.ckpt.save(step, self.state, self.config_dict, self.train_iter)
+    with self.goodput.time("checkpoint"):  # Its blocking part (an async write goes on).
+      self.ckpt.save(step, self.state, self.config_dict, self.train_iter)
 
   # ---- step ------------------------------------------------------------------------------------
   def step(self, step: int) -> Any:
     """One optimizer step on the next global batch; returns its (on-device) metrics."""
     try:
-      local = next(self.train_iter)
+      with self.goodput.time("data"):
+        local = next(self.train_iter)
     except StopIteration:
       raise ConfigError(f"the training data ran out at step {step}; the training iterator "
                         "must repeat (data pipeline with repeat=True)") from None
@@ -218,7 +223,8 @@ class Trainer:
       self.tokens_per_step = self.cfg.train.batch_size * (dec_len + enc_len)
     first = self._compiled_step is None
     if first:  # Compiled before the first step runs: memory checked first.
-      self._compiled_step = self._compile(batch)
+      with self.goodput.time("compile"):
+        self._compiled_step = self._compile(batch)
     self.state, metrics = self._compiled_step(self.state, batch)
     if first and self.timeline is not None:
       jax.block_until_ready(metrics)
@@ -280,6 +286,7 @@ class Trainer:
       self.last_logged = self.stats.summary(
           flops_per_step=self.flops_per_step, tokens_per_step=self.tokens_per_step,
           peak_flops_total=self.peak_total, num_devices=self.setup.mesh.size)
+      self.last_logged.update(self.goodput.metrics())  # goodput, badput/<cause>: all runs.
       self.writer.write(step, self.last_logged)
       self.stats.reset_clock()
       log.info("step %d: %s", step, _brief(self.last_logged),  # train.log; the console: the bar.
@@ -300,11 +307,13 @@ class Trainer:
                                 progress_bar=cfg.train.progress_bar)
     pending, preempted = None, False
     profiler = profile_lib.StepProfiler(cfg.train, self.workdir)
+    self.goodput.loop_started(step)
     try:
       while step < total:
         profiler.before_step(step)
         metrics = self.step(step)
         step += 1
+        self.goodput.step_done(step)
         profiler.after_step(step, metrics)
         if pending is not None:
           self._consume(*pending)  # Step s-1's metrics, fetched once step s is dispatched.
@@ -331,12 +340,14 @@ class Trainer:
         self._consume(*pending)
       final_step = int(jax.device_get(self.state.step))
       if not preempted:
-        self.last_eval = self.evaluate() or self.last_eval
+        with self.goodput.time("eval"):
+          self.last_eval = self.evaluate() or self.last_eval
         if self.last_eval:
           self.writer.write(final_step, self.last_eval)
         if cfg.checkpoint.save_at_end:
           self.save(final_step)
-      self.ckpt.wait()
+      with self.goodput.time("checkpoint"):
+        self.ckpt.wait()
     finally:
       profiler.stop()
       self.writer.close()
@@ -344,7 +355,8 @@ class Trainer:
 
   def _periodic_eval(self, step: int) -> None:
     t_eval = time.perf_counter()
-    self.last_eval = self.evaluate()
+    with self.goodput.time("eval"):
+      self.last_eval = self.evaluate()
     self.stats.pause(time.perf_counter() - t_eval)  # Eval time is not training throughput.
     if self.last_eval:
       self.writer.write(step, self.last_eval)
@@ -363,11 +375,21 @@ class Trainer:
         "tensorboard_dir": self.writer.tb_dir, "wall_time_s": time.time() - self.t_start,
         "flops_per_step": self.flops_per_step, "latest_checkpoint": self.ckpt.latest_step(),
     })
+    result.update(self._goodput_summary())
     log.info("done at step %d: %s", final_step,
              ", ".join(f"{k}={v:.4g}" for k, v in result.items()
                        if k in ("loss", "eval_loss", "eval_accuracy", "tokens_per_sec", "mfu")),
              extra={"file_only": preempted == "Ctrl-C"})  # Ctrl-C: one console line, above.
     return result
+
+  def _goodput_summary(self) -> dict[str, Any]:
+    done = self.goodput.finish()
+    total = goodput_lib.shares(done["total"])
+    log.info("goodput %.1f%% of %.0f s over %d run(s) of this workdir (this run: %.1f%%); "
+             "python -m t5like.tools.goodput %s", 100 * total.get("goodput", 0),
+             done["total"]["wall_s"], done["total"]["runs"],
+             100 * goodput_lib.shares(done["run"]).get("goodput", 0), self.workdir)
+    return {**total, "goodput_run": done["run"], "goodput_total": done["total"]}
 
   def close(self) -> None:
     close_iterator(self.train_iter)

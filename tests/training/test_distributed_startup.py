@@ -55,3 +55,22 @@ def test_partial_coordinates_are_a_clear_error(calls, monkeypatch):
   monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
   with pytest.raises(ConfigError, match="needs all of distributed.coordinator_address"):
     distributed.initialize(DistributedConfig())
+
+
+def test_multislice_job_gets_timeouts_above_the_longest_compile(calls, monkeypatch):
+  """Several slices (libtpu's MEGASCALE_* variables): JAX detects the job; its coordination
+  service's heartbeat / shutdown timeouts come from distributed.* (JAX's 100 s heartbeat kills
+  jobs whose hosts are still compiling)."""
+  monkeypatch.setenv("MEGASCALE_COORDINATOR_ADDRESS", "10.0.0.2:8080")
+  assert distributed.initialize(DistributedConfig()) is True
+  assert calls[0]["heartbeat_timeout_seconds"] == 900
+  assert calls[0]["shutdown_timeout_seconds"] == 900
+  calls.clear()
+  distributed.initialize(DistributedConfig(heartbeat_timeout_s=1800))
+  assert calls[0]["heartbeat_timeout_seconds"] == 1800
+
+
+def test_this_jax_takes_the_timeouts():
+  """Unpatched: the installed JAX accepts both (else ``timeouts`` would silently drop them)."""
+  assert set(distributed.timeouts(DistributedConfig())) == {
+      "heartbeat_timeout_seconds", "shutdown_timeout_seconds"}

@@ -131,13 +131,13 @@ def test_factored_dims_follow_optax():
 
 
 def test_fitted_spec_replicates_what_the_mesh_does_not_divide():
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1, 1),
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape((1,) * len(partitioning.MESH_AXES)),
                            partitioning.MESH_AXES)
   spec = partitioning.fitted_spec(("layers", "embed", "mlp"), (3, 64, 128), mesh)
   assert spec == jax.sharding.PartitionSpec(None, ("expert", "fsdp"), "tensor")
 
   class FakeMesh:
-    shape = {"data": 1, "expert": 1, "fsdp": 2, "tensor": 4}
+    shape = {"dcn": 1, "data": 1, "expert": 1, "fsdp": 2, "tensor": 4}
   spec = partitioning.fitted_spec(("layers", "embed", "heads", "kv"), (3, 64, 6, 16), FakeMesh)
   assert spec == jax.sharding.PartitionSpec(None, ("expert", "fsdp"), None, None)
 

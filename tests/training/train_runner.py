@@ -4,7 +4,9 @@ Spec keys: ``config`` (a Config as a dict), ``workdir``, ``data`` ("synthetic" o
 ``kill_at_step`` (SIGKILL this process right after that step, once every checkpoint started so
 far is committed), ``sleep_per_step`` (seconds; gives a test time to signal a running job), ``hold_until`` (a
 path: after step 2 the run waits until it exists),
-``distributed`` ({coordinator_address, num_processes, process_id}).
+``distributed`` ({coordinator_address, num_processes, process_id}); ``data`` "global" is
+``GlobalSyntheticData`` starting at batch ``data_start`` (the same global batches whatever the
+number of processes).
 Prints ``RESULT <json>`` with run()'s return value at the end. With ``cli`` the run goes through
 train.py's ``main`` instead (its output and exit status; the config written to a file beside the
 workdir, ``data`` and the hooks as above).
@@ -16,6 +18,43 @@ import os
 import signal
 import sys
 import time
+
+
+class GlobalSyntheticData:
+  """Synthetic batches defined globally: batch ``i`` is shard 0's batch ``i`` of the whole global
+  batch, and each process keeps its own rows of it, so one process and two see the same data.
+  Starts at batch ``start`` (a resumed run across a change in the number of processes restarts its
+  data stream: the test says where)."""
+
+  def __init__(self, cfg, start: int):
+    from t5like.training.data import SyntheticData
+    self.inner, self.start = SyntheticData(cfg), start
+
+  def _rows(self, it, batch_size, shard_index, num_shards):
+    class Rows:
+      def __iter__(self):
+        return self
+
+      def __next__(self):
+        full = next(it)
+        return {k: v[shard_index * batch_size:(shard_index + 1) * batch_size]
+                for k, v in full.items()}
+
+      def save(self, directory):
+        it.save(directory)
+
+      def restore(self, directory):
+        it.restore(directory)
+    return Rows()
+
+  def train(self, batch_size, shard_index, num_shards):
+    it = self.inner.train(batch_size * num_shards, 0, 1)
+    it.index = self.start
+    return self._rows(it, batch_size, shard_index, num_shards)
+
+  def eval(self, batch_size, shard_index, num_shards):
+    return self._rows(self.inner.eval(batch_size * num_shards, 0, 1), batch_size, shard_index,
+                      num_shards)
 
 
 def main() -> None:
@@ -31,7 +70,9 @@ def main() -> None:
 
   from t5like.training import run
   from t5like.training.data import SyntheticData
-  data = SyntheticData(cfg) if spec.get("data", "synthetic") == "synthetic" else None
+  kind = spec.get("data", "synthetic")
+  data = (SyntheticData(cfg) if kind == "synthetic" else
+          GlobalSyntheticData(cfg, spec.get("data_start", 0)) if kind == "global" else None)
   kill_at = spec.get("kill_at_step")
   sleep = float(spec.get("sleep_per_step", 0.0))
   hold_until = spec.get("hold_until")

@@ -1,0 +1,71 @@
+"""Multi-slice ahead-of-time compiles (``--topology ... --num_slices N``): the real train step
+compiled for slices that need not exist, with the DCN traffic read from the program (the
+``_xla_megascale_*`` send / recv ops) and charged to DCN bandwidth apart from ICI."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from t5like.training import dcn
+from train_helpers import REPO, subprocess_env, tiny_config
+
+HLO = """
+  %send.1 = (f32[8,128]{1,0}, u32[], token[]) send(f32[8,128]{1,0} %p, token[] %t), channel_id=3, frontend_attributes={_xla_megascale_target="1",_xla_host_transfer_handler_name="x"}
+  %send-done.1 = token[] send-done((f32[8,128]{1,0}, u32[], token[]) %send.1), frontend_attributes={_xla_megascale_target="1"}
+  %recv.2 = (bf16[64]{0}, u32[], token[]) recv(token[] %t), frontend_attributes={_xla_megascale_source="0"}
+  %all-reduce.3 = f32[1024]{0} all-reduce(f32[1024]{0} %g), replica_groups={{0,1}}
+"""
+
+
+def test_megascale_bytes_reads_the_host_transfers_only():
+  t = dcn.megascale_bytes(HLO)
+  assert t == {"send": 8 * 128 * 4, "recv": 64 * 2, "ops": 2}  # Not the -done ops, nor ICI.
+  assert dcn.dcn_seconds(t, "v5p") == pytest.approx(8 * 128 * 4 / (50e9 / 8))
+  assert dcn.dcn_seconds(t, "v4") is None  # No published figure: no DCN term.
+
+
+def _tiny(dcn_axis: str):
+  cfg = tiny_config("decllm", batch_size=32, length=64)
+  cfg.mesh.dcn_axis = dcn_axis
+  return cfg
+
+
+@pytest.mark.aot
+@pytest.mark.timeout(1800)
+def test_two_v5e_slices_charge_the_gradient_reduction_to_dcn():
+  from t5like.training import aot
+  chip, devices = aot.topology_devices("v5e-8", num_slices=2)
+  assert {d.slice_index for d in devices} == {0, 1}
+  dp = aot.compile_report(_tiny("data"), devices, chip=chip, eval_step=False)
+  assert dp["slices"] == 2 and dp["mesh"]["dcn"] == 2 and dp["mesh"]["fsdp"] == 8
+  state = dp["train"]["arguments"]  # Upper bound: all a chip holds (state and batch).
+  # Data parallelism over DCN: each chip exchanges its gradient shard with the other slice.
+  assert 0 < dp["dcn_traffic"]["send"] <= state and dp["dcn_s"] > 0
+  assert dp["step_serial_s"] == pytest.approx(
+      dp["compute_s"] + dp["hbm_s"] + dp["ici_s"] + dp["dcn_s"])
+  fsdp = aot.compile_report(_tiny("fsdp"), devices, chip=chip, eval_step=False)
+  assert fsdp["mesh"]["dcn"] == 1 and fsdp["mesh"]["fsdp"] == 16
+  # FSDP over DCN: the parameter all-gathers cross DCN too, every step.
+  assert fsdp["dcn_traffic"]["send"] > dp["dcn_traffic"]["send"]
+
+
+@pytest.mark.aot
+@pytest.mark.timeout(1800)  # Two TPU compiles (train and eval step): minutes on a busy host.
+def test_train_py_compile_only_for_slices_that_need_not_exist(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, os.path.join(REPO, "train.py"), "--config",
+       os.path.join(REPO, "configs", "tiny_decllm.py"), "--compile_only", "--topology", "v5e-4",
+       "--num_slices", "2"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
+      timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "8 x TPU v5 lite (2 slices over DCN)" in proc.stdout and "'dcn': 2" in proc.stdout
+  assert re.search(r"roofline: .* ICI .*, DCN [0-9.]+ (ms|s) \(", proc.stdout), proc.stdout
+  assert "eval step per chip" in proc.stdout
+  bad = subprocess.run(
+      [sys.executable, os.path.join(REPO, "train.py"), "--compile_only", "--num_slices", "2"],
+      cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+  assert bad.returncode == 2 and "--num_slices needs --topology" in bad.stderr

@@ -1,7 +1,7 @@
 """What ``gpu_train.py`` reports besides its rows: a trace's GPU kernel time by class and the
 docs/gpus.md results row; and, run as a script, one table of every row a GPU session saved:
 
-  python benchmarks/gpu_report.py runs/gpu_session/*.json
+  python benchmarks/gpu_report.py runs/gpu_session      (or JSON files)
 """
 from __future__ import annotations
 
@@ -91,6 +91,8 @@ SUMMARY_KEYS = ("row", "variant", "step_ms", "ms", "tokens_s", "mfu", "of_floor"
 def summary(paths: list[str]) -> str:
   """A markdown table of the rows of the JSON files a session wrote (``--json`` of the
   benchmarks and of ``gpu_flags.py``), each with its file, card, JAX version and date."""
+  paths = [q for p in paths for q in (sorted(glob.glob(os.path.join(p, "*.json")))
+                                      if os.path.isdir(p) else [p])]
   lines = ["| file | card | JAX | date | " + " | ".join(SUMMARY_KEYS) + " |",
            "|" + " --- |" * (len(SUMMARY_KEYS) + 4)]
   for path in paths:

@@ -41,7 +41,8 @@ so an MoE row and its dense row share a yardstick. Rows that fail say why and th
 
 ``--profile_dir``: a ``jax.profiler`` trace of two steps of the fastest DecLLM setting, and the
 step's GPU time split into products, attention, collectives and the rest (by kernel name).
-``--smoke``: a tiny shape that runs anywhere (CPU: the reference attention core, float32), for the tests.
+``--smoke``: a tiny shape that runs anywhere (CPU: the reference attention core, float32), for
+tests.
 Every ``--json`` file records the card, the JAX version, the date and XLA_FLAGS.
 """
 from __future__ import annotations
@@ -93,7 +94,8 @@ class Shape:
 
 def bench_shape(smoke: bool, gpu: bool, layers: int = 0, batch: int = 8) -> Shape:
   """The benchmark's shape: the paper's 1B (``--smoke``: tiny widths, 2 layers: the MoE configs
-  keep their first layer dense); off a GPU float32 with the reference attention core (cuDNN: GPUs only)."""
+  keep their first layer dense); off a GPU float32 with the reference attention core (cuDNN:
+  GPUs only)."""
   shape = Shape(layers=layers, batch=batch)
   if smoke:
     shape = Shape(layers=2, batch=2, length=64, d_model=64)

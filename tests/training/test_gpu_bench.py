@@ -314,3 +314,20 @@ def test_ragged_products_smoke_rows(bench):
   assert all("error" not in r and r["ms"] > 0 and r["m"] == 150 for r in rows), rows
   assert rows[0]["flops"] == rows[1]["flops"] == 2 * 150 * 16 * 8 == rows[2]["flops"] / 3
   assert rows[3]["flops"] == 2 * 8 * 24 * 16 * 8  # ceil(1.25 * 150 / 8) = 24 rows per expert.
+
+
+def test_session_summary_tables_every_saved_row(bench, tmp_path):
+  from benchmarks import gpu_report
+  (tmp_path / "decode.json").write_text(json.dumps({
+      "device": "NVIDIA H200", "jax": "0.11.2", "date": "2026-12-02 04:00 UTC",
+      "rows": [{"row": "decllm decode batch 1", "step_ms": 1.5, "hlo_kernels": 460}]}))
+  (tmp_path / "ab.json").write_text(json.dumps({"rows": [
+      {"row": "variant x: timed out after 54 s", "variant": "x", "device": "NVIDIA H100",
+       "jax": "0.10.2", "date": "2026-12-02", "error": "timed out after 54 s"}]}))
+  lines = gpu_report.summary([str(tmp_path)]).splitlines()
+  assert len(lines) == 4
+  assert lines[2].startswith("| ab.json | NVIDIA H100 | 0.10.2 | 2026-12-02 | variant x")
+  assert "timed out after 54 s |" in lines[2]
+  assert lines[3].startswith("| decode.json | NVIDIA H200 | 0.11.2 | 2026-12-02 04:00 UTC | "
+                             "decllm decode batch 1 |  | 1.5 |")
+  assert "| 460 |" in lines[3]

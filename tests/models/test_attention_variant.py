@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from helpers import tiny_cfg, tokens
+from helpers import forward, tiny_cfg, tokens
 from numerics import assert_close_to_scale
 from t5like import ops
 from t5like.config import ConfigError
@@ -57,13 +57,13 @@ def test_the_cap_changes_training_and_generation(family, overrides):
   changed = [not np.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(
       jax.tree.leaves(nnx.to_pure_dict(grads_c)), jax.tree.leaves(nnx.to_pure_dict(grads)))]
   assert sum(changed) > len(changed) // 2, changed
-  prompts = [list(map(int, r)) for r in np.asarray(tokens((6, 5), 4))]
-  sampled = dict(max_new_tokens=8, eos_id=-1, sampling=SamplingConfig(temperature=1.0),
+  prompts = [list(map(int, r)) for r in np.asarray(tokens((4, 5), 4))]
+  sampled = dict(max_new_tokens=6, eos_id=-1, sampling=SamplingConfig(temperature=1.0),
                  rng=jax.random.key(0))  # The same draws: a token moves where its logits do.
   assert generate(capped, prompts, **sampled) != generate(plain, prompts, **sampled)
   # The KV-cache decode computes the capped scores: its greedy tokens are full forwards'.
-  got = generate(capped, prompts[:2], max_new_tokens=3, eos_id=-1)
-  assert got == [_greedy_by_full_forwards(capped, p, 3) for p in prompts[:2]]
+  got = generate(capped, prompts[:1], max_new_tokens=2, eos_id=-1)
+  assert got == [_greedy_by_full_forwards(capped, prompts[0], 2)]
 
 
 def _greedy_by_full_forwards(model, prompt, new):
@@ -71,12 +71,12 @@ def _greedy_by_full_forwards(model, prompt, new):
   for _ in range(new):
     if model.cfg.family == "decllm":  # The prompt (with BOS) is the prefix of a PrefixLM.
       seq = [0] + prompt + out
-      logits = model({"decoder_input_tokens": jnp.asarray([seq]),
-                      "decoder_causal_attention": jnp.asarray([[1] * (len(prompt) + 1)
-                                                               + [0] * len(out)])})
+      logits = forward(model, {"decoder_input_tokens": jnp.asarray([seq]),
+                               "decoder_causal_attention": jnp.asarray(
+                                   [[1] * (len(prompt) + 1) + [0] * len(out)])})
     else:
-      logits = model({"encoder_input_tokens": jnp.asarray([prompt]),
-                      "decoder_input_tokens": jnp.asarray([[0] + out])})
+      logits = forward(model, {"encoder_input_tokens": jnp.asarray([prompt]),
+                               "decoder_input_tokens": jnp.asarray([[0] + out])})
     out.append(int(jnp.argmax(logits[0, -1])))
   return out
 
@@ -134,3 +134,16 @@ def test_the_export_refuses_the_cap():
   from t5like.tools import export_hf
   with pytest.raises(export_hf.ExportError, match="attention_logit_soft_cap"):
     export_hf.hf_config(tiny_cfg("decllm", attention_logit_soft_cap=CAP))
+
+
+def test_attention_maps_are_the_capped_models():
+  """Attention analysis reads the model's own probabilities: its layer walk reproduces the
+  capped model's logits, and the maps differ from the plain model's."""
+  from t5like.evaluation import attention_analysis as aa
+  batch = _batch("decllm")
+  capped = build_model(tiny_cfg("decllm", attention_logit_soft_cap=CAP), nnx.Rngs(3))
+  maps = aa.attention_maps(capped, batch)
+  logits = capped.embedding.logits(capped.final_norm(jnp.asarray(maps[-1].hidden_btd)))
+  assert_close_to_scale(logits, capped(batch))
+  plain = aa.attention_maps(build_model(tiny_cfg("decllm"), nnx.Rngs(3)), batch)
+  assert not np.allclose(maps[0].probs_bhts, plain[0].probs_bhts, atol=1e-3)

@@ -1,7 +1,8 @@
 """Attention behaviour per layer and head (docs/paper.md, the rank argument and finding 3):
 
 - the attention maps themselves, recomputed layer by layer with the training path's own pieces
-  (``Attention.project_qkv`` + ``attention_weights``), for self- and cross-attention;
+  (``Attention.project_qkv`` + its operations' ``attention_weights``), for self- and
+  cross-attention;
 - their rank: numerical (float32 SVD tolerance), entropy effective rank, and the exact rank of
   triangular maps (a causal map with a positive diagonal is full rank; the rank argument says a
   bidirectional softmax map with head size well below the length tends to low rank);
@@ -25,7 +26,6 @@ import numpy as np
 from flax import nnx
 
 from t5like.models import masks
-from t5like.models.attention import attention_weights
 from t5like.models.blocks import layer_mask
 from t5like.models.decllm import default_positions, self_context
 from t5like.models.redllm import Encoded
@@ -60,8 +60,7 @@ def _self_maps(stack, name, x_btd, ctx, valid_bt, cross=None, cross_valid_bs=Non
     idx = jnp.asarray(i)
     h = getattr(layer, norm)(x_btd)
     q, k, _ = getattr(layer, attn).project_qkv(h, h, ctx.rope_bt, ctx.rope_bt)
-    cap = getattr(layer, attn).ops.soft_cap  # The model's own score formula.
-    probs = attention_weights(q, k, layer_mask(ctx, idx), cap)
+    probs = getattr(layer, attn).ops.attention_weights(q, k, layer_mask(ctx, idx))
     cross_maps = None
     if cross is not None:  # RedLLM decoder: cross-attention sees the post-self-attention stream.
       x1 = x_btd + layer.self_attention(h, h, ctx.rope_bt, ctx.rope_bt,
@@ -69,7 +68,7 @@ def _self_maps(stack, name, x_btd, ctx, valid_bt, cross=None, cross_valid_bs=Non
       h2 = layer.pre_cross_attention_norm(x1)
       qc, kc, _ = layer.cross_attention.project_qkv(h2, cross.encoded_bsd, ctx.rope_bt,
                                                      cross.enc_rope_bs)
-      cross_maps = attention_weights(qc, kc, cross.mask_bhts, cap)
+      cross_maps = layer.cross_attention.ops.attention_weights(qc, kc, cross.mask_bhts)
     x_btd, _ = layer(x_btd, ctx, idx, None, cross)
     out.append(LayerMaps(name, i, np.asarray(probs), np.asarray(x_btd), valid_bt, valid_bt))
     if cross_maps is not None:

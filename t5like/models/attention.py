@@ -23,7 +23,6 @@ from t5like.models.layers import constrain, dtype, fan_in_init, fold, param
 from t5like.models.masks import MaskSpec
 from t5like.models.norms import RMSNorm
 from t5like.models.rotary import Rotary, as_rotary
-from t5like.ops.reference import NEG_INF, attention_weights  # noqa: F401  (analysis tools)
 
 try:  # Names the output so the "attention_out" remat policy can save it.
   from jax.ad_checkpoint import checkpoint_name

@@ -82,17 +82,10 @@ def _log_choice(core: str, reason: str) -> None:
   log.info("model.attention_impl='auto': %s (%s)", core, reason)
 
 
-@functools.cache
-def _backend(attention_impl: str, max_segments_per_row: int,
-             logit_soft_cap: float) -> Reference:
-  return Reference(attention_impl, max_segments_per_row, logit_soft_cap)
-
-
 def backend(cfg) -> Reference:
   """The operations of a ModelConfig (``attention_impl`` resolved for this process's default
   backend where ``resolve`` has not made it concrete)."""
-  cfg = resolve(cfg)
-  return _backend(cfg.attention_impl, cfg.max_segments_per_row, cfg.attention_logit_soft_cap)
+  return Reference.of(resolve(cfg))
 
 
 __all__ = ["Reference", "Rotary", "backend", "choose_attention", "resolve"]

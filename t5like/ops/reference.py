@@ -111,6 +111,11 @@ class Reference:
   max_segments_per_row: int = 1  # model.max_segments_per_row: cuDNN's packed-layout slots.
   soft_cap: float = 0.0  # model.attention_logit_soft_cap.
 
+  @classmethod
+  def of(cls, cfg) -> "Reference":
+    """The operations of a ModelConfig whose ``attention_impl`` is resolved (``ops.resolve``)."""
+    return cls(cfg.attention_impl, cfg.max_segments_per_row, cfg.attention_logit_soft_cap)
+
   @property
   def fused(self) -> bool:
     """Whether the attention core is a fused kernel, fed a ``MaskSpec`` instead of a mask."""
@@ -156,6 +161,11 @@ class Reference:
                                     soft_cap=self.soft_cap)
     del causal
     return dot_product_attention(q_bthk, k_bsgk, v_bsgk, mask, dropout_rate, rng, self.soft_cap)
+
+  def attention_weights(self, q_bthk: jax.Array, k_bsgk: jax.Array,
+                        mask_bhts: jax.Array) -> jax.Array:
+    """The probabilities the attention core computes (what attention analysis reads)."""
+    return attention_weights(q_bthk, k_bsgk, mask_bhts, self.soft_cap)
 
   def argmax(self, logits_bv: jax.Array) -> jax.Array:
     """int32 [batch]: the first maximum of each row."""

@@ -22,7 +22,8 @@ MODEL_FIELDS = ("family", "vocab_size", "d_model", "num_heads", "num_kv_heads", 
                 "attn_out_norm_scope", "rope_max_wavelength", "cross_attention_rope",
                 "continuous_positions", "norm_eps", "tie_embeddings", "scale_logits")
 # Training-only choices an exported model cannot reproduce; refused rather than dropped.
-UNSUPPORTED = {"mixed_attention": "none", "shared_encoder_decoder": False}
+UNSUPPORTED = {"mixed_attention": "none", "shared_encoder_decoder": False,
+               "attention_logit_soft_cap": 0.0}
 
 
 # How a t5like leaf becomes an HF tensor: "in": a kernel contracting its first axis ([d, ...] ->

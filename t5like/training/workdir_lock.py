@@ -49,9 +49,8 @@ def lease_seconds() -> float:
 def _kvstore(workdir: str):
   """The workdir as a TensorStore key-value store (``file://`` for a local path, else the URI)."""
   import tensorstore as ts
-  path = paths.resolve(workdir)
-  url = path if paths.is_uri(path) else "file://" + path
-  return ts.KvStore.open(url.rstrip("/") + "/").result()
+  path = paths.resolve(workdir).rstrip("/") + "/"
+  return ts.KvStore.open(path if paths.is_uri(path) else {"driver": "file", "path": path}).result()
 
 
 def _alive_here(record: dict) -> bool | None:

@@ -83,7 +83,8 @@ def test_noise_and_span_counts_and_layout_equal_t5s(density, mean_span):
 def test_span_corruption_lengths_are_t5s():
   """T5's own helper at T5's setting: 568-token chunks, 114 targets, EOS counted; t5like's
   chunk and lengths are the same."""
-  tokens, targets = t5p.random_spans_helper(512, 0.15, 3.0)
+  tokens, targets = t5p.random_spans_helper(512, 0.15, 3.0, extra_tokens_per_span_inputs=1,
+                                            extra_tokens_per_span_targets=1)
   assert (tokens, targets) == (568, 114)
   assert spans.span_chunk_length(512, 114, 0.15, 3.0) == tokens
   assert spans.corrupted_lengths(tokens, 0.15, 3.0) == (512, targets)

@@ -21,7 +21,8 @@ from t5like import partitioning
 from t5like.config import ConfigError
 from t5like.config.train import MeshConfig
 from numerics import assert_close_to_scale
-from train_helpers import REPO, losses_by_step, run_script, runner_command, subprocess_env, tiny_config
+from train_helpers import (REPO, losses_by_step, run_script, runner_command, subprocess_env,
+                           tiny_config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +116,7 @@ def _run(cfg, workdir, processes: int, start: int) -> None:
 
 def _config(steps: int, slices: int):
   cfg = tiny_config("redllm", steps=steps)
-  cfg.train.warmup_steps = 0
+  cfg.train.warmup_steps, cfg.train.decay_steps = 0, 6  # One schedule whatever train.steps.
   cfg.checkpoint.every, cfg.checkpoint.restore_data = 2, False  # Restarts: the test says where.
   cfg.mesh.slices, cfg.mesh.fsdp = slices, -1
   return cfg

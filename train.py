@@ -71,13 +71,15 @@ def _main(argv: list[str]) -> int:
   if result.get("stopped_by") == "Ctrl-C":  # Saved and said so (one line): not a finished run.
     return cli.EXIT_INTERRUPTED
   summary = {k: result.get(k) for k in (
-      "step", "loss", "eval_loss", "eval_accuracy", "tokens_per_sec", "mfu", "preempted")}
+      "step", "loss", "eval_loss", "eval_accuracy", "tokens_per_sec", "mfu", "goodput",
+      "preempted")}
   print(json.dumps(summary, indent=2, default=str))
   print(f"workdir:     {result['workdir']}")
   print(f"checkpoint:  {result['checkpoint_dir']}/{result['latest_checkpoint']}")
   print(f"metrics:     {result['metrics_file']}")
   print(f"tensorboard: tensorboard --logdir {result['tensorboard_dir']}")
   print(f"log:         {os.path.join(result['workdir'], 'train.log')}")
+  print(f"goodput:     python -m t5like.tools.goodput {result['workdir']}")
   return 0
 
 

@@ -225,7 +225,7 @@ def state_shardings(abstract_state, mesh: Mesh):
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """[batch, length] arrays: rows over (data, fsdp), length replicated."""
+  """[batch, length] arrays: rows over the data shards (dcn, data, expert, fsdp), length whole."""
   return NamedSharding(mesh, logical_to_spec(("batch", "length")))
 
 

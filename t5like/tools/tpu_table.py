@@ -29,7 +29,7 @@ from typing import Any
 from etils import epath
 
 from t5like import cli
-from t5like.config import Config, ConfigError, load_config
+from t5like.config import Config, load_config
 from t5like.tools import provenance
 from t5like.training import aot, fit
 

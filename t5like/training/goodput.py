@@ -104,7 +104,8 @@ class Recorder:
     self._depth = 0
 
   def _run_id(self) -> str:
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.t0)) + f"-{int(self.t0 * 1e3) % 1000:03d}"
+    millis = int(self.t0 * 1e3) % 1000
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.t0)) + f"-{millis:03d}"
 
   @contextlib.contextmanager
   def time(self, cause: str) -> Iterator[None]:

@@ -144,3 +144,16 @@ def test_the_build_context_leaves_out_what_the_host_built_or_ran():
                "pyproject.toml", "README.md", "train.py",
                "t5like/data/embedded/spm.model"):
     assert not _ignored(path, patterns), path
+
+
+def test_beam_worker_image_matches_the_pinned_beam_and_installs_the_extra():
+  steps = _instructions("docker/beam.Dockerfile")
+  assert steps[0][0] == "FROM" and all(word in INSTRUCTIONS for word, _ in steps), steps
+  text = open(os.path.join(REPO, "pyproject.toml")).read()
+  pinned = re.search(r'"apache-beam==([\d.]+)"', text).group(1)
+  base = re.fullmatch(r"apache/beam_python(3\.\d+)_sdk:([\d.]+)", steps[0][1])
+  assert base and base.group(2) == pinned, (steps[0][1], pinned)  # Workers run the driver's SDK.
+  low, high = re.findall(r"3\.(\d+)", _pyproject()[1])
+  assert int(low) <= int(base.group(1).split(".")[1]) < int(high)
+  assert any(re.search(r"pip install -e '\.\[beam\]'", rest) for _, rest in steps)
+  assert "ENTRYPOINT" not in dict(steps) and "CMD" not in dict(steps)  # The SDK harness's boot.

@@ -179,6 +179,33 @@ def attach(task: seqio.Task, spec, root: str) -> None:
   _CACHED[task.name] = manifest
 
 
+def use_cache(data, leaves: list, spec_of_task, read_cache: bool = True) -> bool:
+  """Whether the tasks ``leaves`` read ``data.cache_dir`` (each one's cache checked by `attach`;
+  ``spec_of_task`` gives its registration spec, None for a task the user registered): a task
+  without a complete cache of the same data is an error, never a fallback."""
+  root = data.cache_dir
+  if not root or not read_cache:
+    for task in leaves:
+      detach(task.name)
+    return False
+  if data.source != "jsonl":
+    raise CacheError(
+        f"data.cache_dir={root} holds caches tokenised from the jsonl corpus, but "
+        f"data.source={data.source!r}; set data.source=jsonl (the cache replaces the TFDS "
+        "conversion) or data.cache_dir=''")
+  seqio.add_global_cache_dirs([root])  # seqio's own lookup, for tasks registered by the user.
+  for task in leaves:
+    spec = spec_of_task(task.name)
+    if spec is not None:
+      attach(task, spec, root)
+    elif not task.supports_caching or not task.cache_dir:
+      raise CacheError(
+          f"data.cache_dir={root}: seqio task {task.name} has "
+          f"{'no CacheDatasetPlaceholder' if not task.supports_caching else 'no complete cache'}"
+          " there; cache it with seqio's cache_tasks_main or set data.cache_dir=''")
+  return True
+
+
 def cached_stats(task_name: str, split: str) -> dict[str, Any]:
   """Record counts of a cached task, counted when the cache was built."""
   return {"where": "cache", **_CACHED[task_name].get("records", {}).get(split, {})}

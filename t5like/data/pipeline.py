@@ -144,7 +144,10 @@ def make_dataset(cfg, *, split: str = "train", batch_size: int, shard_index: int
   provider = seqio.get_mixture_or_task(name)
   lengths = task_feature_lengths(cfg, mixture)
   _check_vocab(cfg, provider)
-  use_cached = _use_cache(cfg, name, provider)
+  from t5like.data import caching  # pylint: disable=g-import-not-at-top
+  use_cached = caching.use_cache(  # Extra eval sets are read on the fly.
+      cfg.data, list(getattr(provider, "tasks", [provider])), tasks.spec_of_task,
+      read_cache=not name.startswith(tasks.EXTRA_EVAL_PREFIX))
   common = dict(sequence_length=lengths, split=split, use_cached=use_cached, shuffle=shuffle,
                 seed=cfg.data.seed, trim_output_features=True, try_in_mem_cache=False,
                 shard_info=seqio.ShardInfo(shard_index, num_shards) if num_shards > 1 else None)
@@ -173,37 +176,6 @@ def make_dataset(cfg, *, split: str = "train", batch_size: int, shard_index: int
   # iterator state is needed to resume, so its "external state" can be ignored when saving.
   options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
   return ds.prefetch(2).with_options(options)
-
-
-def _use_cache(cfg, name: str, provider) -> bool:
-  """Whether ``provider`` reads ``data.cache_dir`` (each task's cache checked, `caching.attach`);
-  a task without a complete cache of the same data is an error, never a fallback."""
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  from t5like.data import caching  # pylint: disable=g-import-not-at-top
-
-  leaves = list(getattr(provider, "tasks", [provider]))
-  root = cfg.data.cache_dir
-  if not root or name.startswith(tasks.EXTRA_EVAL_PREFIX):  # Extra eval sets: on the fly.
-    for task in leaves:
-      caching.detach(task.name)
-    return False
-  if cfg.data.source != "jsonl":
-    raise caching.CacheError(
-        f"data.cache_dir={root} holds caches tokenised from the jsonl corpus, but "
-        f"data.source={cfg.data.source!r}; set data.source=jsonl (the cache replaces the TFDS "
-        "conversion) or data.cache_dir=''")
-  seqio.add_global_cache_dirs([root])  # seqio's own lookup, for tasks registered by the user.
-  for task in leaves:
-    spec = tasks.spec_of_task(task.name)
-    if spec is not None:
-      caching.attach(task, spec, root)
-    elif not task.supports_caching or not task.cache_dir:
-      raise caching.CacheError(
-          f"data.cache_dir={root}: seqio task {task.name} has "
-          f"{'no CacheDatasetPlaceholder' if not task.supports_caching else 'no complete cache'}"
-          " there; cache it with seqio's cache_tasks_main or set data.cache_dir=''")
-  return True
 
 
 def _pad_rows(batch_size: int, batch):

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow test-aot test-gpu bench-gpu test-hf test-t5 test-beam tpu-table bench clean
+.PHONY: install demo test test-slow test-aot test-gpu bench-gpu test-hf test-harness test-t5 test-beam tpu-table bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -74,6 +74,16 @@ $(eval $(call extra_venv,$(HF_VENV),hf))
 test-hf: $(HF_STAMP)
 	$(HF_PY) -m pytest -q -p no:cacheprovider -m hf $(PYTEST_ARGS)
 
+# lm-evaluation-harness on t5like checkpoints (marked `harness`): lm-eval's core (no torch) in an
+# environment of its own, since it would change a package of `.venv` (pyproject.toml).
+HARNESS_VENV ?= .venv-harness
+HARNESS_PY := $(HARNESS_VENV)/bin/python
+HARNESS_STAMP := $(HARNESS_VENV)/.installed
+$(eval $(call extra_venv,$(HARNESS_VENV),harness))
+
+test-harness: $(HARNESS_STAMP)
+	$(HARNESS_PY) -m pytest -q -p no:cacheprovider -m harness $(PYTEST_ARGS)
+
 # Span corruption against `t5.data.preprocessors` (marked `t5check`): the `t5` package without
 # its dependencies (they would replace seqio / tensorflow-datasets with nightlies), plus the
 # modules it imports (`[t5check]`), in an environment of its own.
@@ -111,4 +121,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/decode_throughput.py
 
 clean:
-	rm -rf $(VENV) $(TPU_VENV) $(HF_VENV) $(T5_VENV) $(BEAM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(TPU_VENV) $(HF_VENV) $(HARNESS_VENV) $(T5_VENV) $(BEAM_VENV) runs .pytest_cache

@@ -16,6 +16,11 @@ The paper's evaluations, one or more checkpoints side by side (results.json, rep
   python eval.py --workdir DEC --workdir RED --suite ppl,tasks,length,cost,attention \
                  [--tasks FILE_OR_DIR ...] [--shots 0,1,5] --output_dir OUT
 
+lm-evaluation-harness tasks (the `[harness]` extra; docs/evaluation.md), side by side:
+
+  python eval.py --workdir DEC --workdir RED --harness arc_easy,hellaswag [--include_path DIR]
+                 [--num_fewshot K] [--limit N] --output_dir OUT
+
 The model is rebuilt from the config stored with the checkpoint; ``--config.*`` overrides apply
 on top (e.g. ``--config.data.objective=prefix`` scores a DecLLM on the target half of each
 prefix split, the tokens RedLLM is scored on). Results: a table on stdout and
@@ -66,6 +71,14 @@ def _main(argv: list[str]) -> int:
   parser.add_argument("--on_long", choices=("truncate", "error"), default="truncate",
                       help="--suite tasks: cut longer contexts from the left, or fail the task")
   parser.add_argument("--config", default=None, help=argparse.SUPPRESS)  # Refused, with a hint.
+  parser.add_argument("--harness", default="", help="lm-evaluation-harness tasks, comma-"
+                      "separated (writes per-checkpoint results JSON, report.md, harness.png)")
+  parser.add_argument("--include_path", action="append", default=[],
+                      help="--harness: a directory of task YAMLs (repeatable)")
+  parser.add_argument("--num_fewshot", type=int, default=None,
+                      help="--harness: few-shot examples (default: each task's own)")
+  parser.add_argument("--limit", type=float, default=None,
+                      help="--harness: examples per task (< 1: a fraction)")
   from t5like.inference import cli as generation_cli
   generation_cli.add_arguments(parser)
   cli.add_debug_argument(parser)
@@ -86,6 +99,9 @@ def _main(argv: list[str]) -> int:
   distributed.initialize(dist.distributed)
   from t5like.training import compile_cache  # The evaluated run's cache (docs/pods.md).
   compile_cache.configure_for_eval(args.workdir[0], overrides)
+  if args.harness:
+    from t5like.evaluation.harness_run import main as harness_main
+    return harness_main(args, overrides)
   if args.suite:
     return _suite(args, overrides)
   if generation_cli.wants_generation(args):

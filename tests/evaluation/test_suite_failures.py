@@ -33,9 +33,13 @@ def checkpoints(tmp_path_factory):
 
 
 def _errors(capsys) -> list[str]:
+  """The error block at the end of stderr (its lines, without the --debug hint)."""
   err = capsys.readouterr().err
   assert "Traceback" not in err, err[-3000:]
-  return [ln for ln in err.splitlines() if ln.startswith("error:")]
+  lines = err.splitlines()
+  start = next((i for i, ln in enumerate(lines) if ln.startswith("error:")), len(lines))
+  assert lines[-1:] == ["(the traceback: add --debug or set T5LIKE_DEBUG=1)"], err[-3000:]
+  return lines[start:-1]
 
 
 def test_every_suite_on_both_families_and_one_failing_fails_eval_py(checkpoints, tmp_path,
@@ -56,7 +60,7 @@ def test_every_suite_on_both_families_and_one_failing_fails_eval_py(checkpoints,
   errors = _errors(capsys)
   assert code == 2
   assert errors == [f"error: suite cost failed for {checkpoints['redllm']}: RuntimeError: made "
-                    "to fail by the test"], errors
+                    "to fail by the test", f"       (the other results: {out}/report.md)"], errors
   results = json.loads((out / "results.json").read_text())
   for family, path in checkpoints.items():
     c = results["checkpoints"][path]
@@ -81,7 +85,8 @@ def test_an_attention_suite_that_writes_no_plot_fails(checkpoints, tmp_path, mon
   assert eval_cli.main(argv) == 2
   errors = _errors(capsys)
   assert errors == [f"error: suite attention failed for {checkpoints['decllm']}: RuntimeError: "
-                    "it wrote no plot (attention_decllm.png is missing)"], errors
+                    "it wrote no plot (attention_decllm.png is missing)",
+                    f"       (the other results: {argv[-1]}/report.md)"], errors
 
 
 def test_a_failing_suite_fails_the_demo(monkeypatch, capsys, tmp_path):
@@ -97,7 +102,7 @@ def test_a_failing_suite_fails_the_demo(monkeypatch, capsys, tmp_path):
   code = guard(lambda argv: demo._suite_report(["/runs/red"], str(tmp_path / "report")), [])
   assert code == 2
   errors = _errors(capsys)
-  assert errors == ["error: suite ppl failed for /runs/red: RuntimeError: made to fail by the "
-                    "test"], errors
+  assert errors[0] == ("error: suite ppl failed for /runs/red: RuntimeError: made to fail by "
+                       "the test") and len(errors) == 6, errors  # 5 suites, then the report.
   report = (tmp_path / "report" / "report.md").read_text()
   assert "- attention for red (redllm, step 2): RuntimeError: made to fail" in report

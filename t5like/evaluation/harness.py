@@ -137,7 +137,8 @@ class T5LikeLM(LM):
     max_target_length: RedLLM's longest decoder row (default ``data.targets_length``).
     max_gen_toks: new tokens per generation unless the task says (default 256).
     dtype: compute dtype (default ``auto``: bfloat16 on accelerators, float32 on CPU).
-    rolling: RedLLM's perplexity windows, ``split`` (default) or ``harness``.
+    rolling: perplexity windows, ``split`` (default) or ``harness`` (the export route's: RedLLM's
+      encoder reads one token per window; DecLLM's document starts with a BOS that is scored).
     seed: PRNG seed of sampled generations.
   """
 
@@ -258,7 +259,9 @@ class T5LikeLM(LM):
 
   def rolling_windows(self, text: str) -> list[tuple[list[int], list[int]]]:
     """(context, continuation) pairs that score every token of ``text`` once."""
-    tokens = self.tok_encode(text, add_special_tokens=False)
+    # rolling=harness: the tokens the harness's HF model rolls over, DecLLM's BOS among them
+    # (scored after the prefix token, as there); split: the text's own tokens.
+    tokens = self.tok_encode(text, add_special_tokens=self.rolling == "harness")
     if self.encdec and self.rolling == "split":
       return [(tokens[max(0, i - self.max_length):i] or [self.prefix_token_id],
                tokens[i:i + self.max_target_length])

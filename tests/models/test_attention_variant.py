@@ -57,8 +57,8 @@ def test_the_cap_changes_training_and_generation(family, overrides):
   changed = [not np.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(
       jax.tree.leaves(nnx.to_pure_dict(grads_c)), jax.tree.leaves(nnx.to_pure_dict(grads)))]
   assert sum(changed) > len(changed) // 2, changed
-  prompts = [list(map(int, r)) for r in np.asarray(tokens((4, 5), 4))]
-  sampled = dict(max_new_tokens=6, eos_id=-1, sampling=SamplingConfig(temperature=1.0),
+  prompts = [list(map(int, r)) for r in np.asarray(tokens((6, 5), 4))]
+  sampled = dict(max_new_tokens=8, eos_id=-1, sampling=SamplingConfig(temperature=1.0),
                  rng=jax.random.key(0))  # The same draws: a token moves where its logits do.
   assert generate(capped, prompts, **sampled) != generate(plain, prompts, **sampled)
   # The KV-cache decode computes the capped scores: its greedy tokens are full forwards'.

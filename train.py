@@ -84,9 +84,9 @@ def _main(argv: list[str]) -> int:
 
 
 def _compile_only(cfg, args) -> int:
-  from t5like.training import aot
+  from t5like.training import aot, fit
   name = os.path.splitext(os.path.basename(args.config))[0]  # Its compilation cache: the run's.
-  report = aot.run_compile_only(cfg, args.topology, args.workdir or os.path.join("runs", name),
+  report = fit.run_compile_only(cfg, args.topology, args.workdir or os.path.join("runs", name),
                                 args.num_slices)
   print(aot.format_report(os.path.splitext(os.path.basename(args.config))[0], report))
   return 0 if report["fits"] else 1

@@ -398,26 +398,3 @@ def format_report(name: str, r: dict[str, Any]) -> str:
 def _secs(s: float) -> str:
   return f"{s:.3f} s" if s >= 1 else f"{s * 1e3:.2f} ms"
 
-
-def run_compile_only(cfg: Config, topology: str = "", workdir: str = "",
-                     num_slices: int = 1) -> dict[str, Any]:
-  """``train.py --compile_only [--topology T]``: compile, print the report, return it. With a
-  ``workdir``, the run's compilation cache is used (``compile_cache``): a second call loads the
-  compiled steps, and so does the run itself where the devices are the same."""
-  if topology:  # JAX's compile-only TPU client cannot load a cached executable: nothing to gain.
-    compile_cache.turn_off("a --topology compile cannot load cached executables")
-  elif workdir:
-    compile_cache.configure(cfg.train, workdir)
-  if num_slices > 1 and not topology:
-    raise ConfigError("--num_slices needs --topology (the slices of a TPU topology)")
-  chip, devices = topology_devices(topology, num_slices) if topology else (None, None)
-  report = compile_report(cfg, devices, chip=chip)
-  report["topology"] = (f"{num_slices} x " if num_slices > 1 else "") + (topology or "local")
-  if not report["fits"]:  # What train.fit=auto would take instead.
-    from t5like.training import fit
-    try:
-      report["fit"] = fit.choose(cfg, devices, chip=chip, mode="auto", own=report,
-                                 say=lambda s: None)[1]
-    except ConfigError as e:
-      report["fit"] = {"mode": "auto", "error": str(e).splitlines()[0]}
-  return report

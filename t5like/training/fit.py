@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from t5like.config import Config, ConfigError
-from t5like.training import aot
+from t5like.training import aot, compile_cache
 
 log = logging.getLogger("t5like.training")
 
@@ -169,3 +169,26 @@ def _agreed(fits: bool) -> bool:
   import numpy as np
   from jax.experimental import multihost_utils
   return bool(multihost_utils.broadcast_one_to_all(np.int32(fits)))
+
+
+def run_compile_only(cfg: Config, topology: str = "", workdir: str = "",
+                     num_slices: int = 1) -> dict[str, Any]:
+  """``train.py --compile_only [--topology T]``: compile, print the report, return it. With a
+  ``workdir``, the run's compilation cache is used (``compile_cache``): a second call loads the
+  compiled steps, and so does the run itself where the devices are the same."""
+  if topology:  # JAX's compile-only TPU client cannot load a cached executable: nothing to gain.
+    compile_cache.turn_off("a --topology compile cannot load cached executables")
+  elif workdir:
+    compile_cache.configure(cfg.train, workdir)
+  if num_slices > 1 and not topology:
+    raise ConfigError("--num_slices needs --topology (the slices of a TPU topology)")
+  chip, devices = aot.topology_devices(topology, num_slices) if topology else (None, None)
+  report = aot.compile_report(cfg, devices, chip=chip)
+  report["topology"] = (f"{num_slices} x " if num_slices > 1 else "") + (topology or "local")
+  if not report["fits"]:  # What train.fit=auto would take instead.
+    try:
+      report["fit"] = choose(cfg, devices, chip=chip, mode="auto", own=report,
+                             say=lambda s: None)[1]
+    except ConfigError as e:
+      report["fit"] = {"mode": "auto", "error": str(e).splitlines()[0]}
+  return report

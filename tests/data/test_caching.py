@@ -49,7 +49,7 @@ SPAN = {"data.objective": "span_corruption", "data.extra_ids": 100}
     ("rp", {}, ["causal_lm"]),
     ("rp", {"model.family": "redllm"}, ["prefix_lm_middle"]),
     ("rp", {"model.family": "redllm", "data.prefix_split": "random"},
-     ["chunk_for_prefix_lm", "_random_split"]),
+     ["prefix_lm_random"]),
     ("rp", {"model.family": "redllm", **SPAN}, ["span_corruption"]),
     ("rp", {"model.family": "redllm", "data.objective": "ul2", "data.extra_ids": 100},
      ["span_corruption", "prefix_lm_denoiser"]),
@@ -108,6 +108,7 @@ def rp_cache(tmp_path_factory, redpajama_root, spm_path):
     pytest.param({"model.family": "redllm", "data.prefix_split": "random",
                   "data.pretrain_chunking": "stream"}, marks=pytest.mark.slow),
 ])
+@pytest.mark.slow  # make test's 15-minute budget on 2 cores (docs/tests.md)
 def test_cached_batches_are_the_on_the_fly_batches_on_two_hosts_and_after_a_resume(
     make_cfg, redpajama_root, rp_cache, tmp_path, overrides):
   cfg = _rp(make_cfg, redpajama_root, **overrides)

@@ -216,6 +216,7 @@ def test_pipeline_shards_are_disjoint_and_splice_back_to_the_corpus(
   assert s0 + s1 == full
 
 
+@pytest.mark.slow  # make test's 15-minute budget on 2 cores (docs/tests.md)
 def test_pipeline_restore_mid_stream_gives_the_uninterrupted_batches(
     make_cfg, redpajama_root, spm_path, tmp_path):
   cfg = _cfg(make_cfg, redpajama_root, spm_path, **{"data.pretrain_chunking": "stream"})

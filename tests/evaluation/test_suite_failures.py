@@ -42,6 +42,7 @@ def _errors(capsys) -> list[str]:
   return lines[start:-1]
 
 
+@pytest.mark.slow  # make test's 15-minute budget on 2 cores (docs/tests.md)
 def test_every_suite_on_both_families_and_one_failing_fails_eval_py(checkpoints, tmp_path,
                                                                    monkeypatch, capsys):
   from t5like.evaluation import suite

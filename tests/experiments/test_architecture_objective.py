@@ -104,6 +104,7 @@ MICRO = ("model.d_model=32", "model.num_heads=1", "model.head_dim=32", "model.d_
          "train.log_every=1", "train.eval_batch_size=2")
 
 
+@pytest.mark.slow  # make test's 15-minute budget on 2 cores (docs/tests.md)
 def test_runner_on_a_minimal_budget(tmp_path):
   """One cell (shared encoder-decoder, span corruption), a micro model, 2 steps, scored on both
   held-out sets; the report has the verdicts and the heatmap."""

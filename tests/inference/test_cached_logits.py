@@ -126,26 +126,3 @@ def test_decode_layout_holds_a_copy_of_each_decoder_layer():
     for got, want in zip(jax.tree.leaves(nnx.state(layer)), stacked, strict=True):
       np.testing.assert_array_equal(got, np.asarray(want)[i])
 
-
-@pytest.mark.parametrize("family", ["decllm", "redllm"])
-def test_decode_step_computes_its_rotation_once(family):
-  """Fused into each layer's query and key rotations, XLA:CPU computed the step's sin/cos per
-  head and layer; the step computes one table for all layers: as many cosines in the compiled
-  step of a 3-layer model as of a 1-layer one."""
-  def cosines(num_layers):
-    model = tiny_model(family, seed=0, **{"num_layers" if family == "decllm" else
-                                          "num_decoder_layers": num_layers})
-    tokens, lens = gen._pad_inputs(PROMPTS, family, len(PROMPTS))
-    plan = gen._Plan(family, tokens.shape[1], 2, -1, SamplingConfig())
-    graphdef = nnx.graphdef(model)
-
-    def one_step(params, tokens, lens):
-      mdl = steps.decode_layout(nnx.merge(graphdef, params))
-      _, cache, step = gen._prefill(mdl, plan, tokens, lens)
-      return step(jnp.ones(len(PROMPTS), jnp.int32), 1, cache)[0]
-
-    hlo = jax.jit(one_step).lower(nnx.to_pure_dict(nnx.state(model)), tokens, lens)
-    return hlo.compile().as_text().count(" cosine(")
-
-  one, three = cosines(1), cosines(3)
-  assert one == three, (one, three)

@@ -95,6 +95,7 @@ def test_packed_rows_with_padding_equal_separate_rows_and_loads_skip_padding(fam
     np.testing.assert_array_equal(np.asarray(lp[k]).sum(-1), cfg.moe.top_k * real)
 
 
+@pytest.mark.slow  # make test's 15-minute budget on 2 cores (docs/tests.md)
 @pytest.mark.parametrize("family", ["decllm", "redllm"])
 def test_scan_and_loop_give_the_same_logits_and_gradients(family):
   cfg = moe_model_cfg(family, decoder_layers="every_other", encoder_first_dense=1)

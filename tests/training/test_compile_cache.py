@@ -36,6 +36,7 @@ def _compile_only(workdir: str, *extra: str, env: dict[str, str] | None = None) 
   return proc.stdout.splitlines()[0]
 
 
+@pytest.mark.slow  # make test's 15-minute budget on 2 cores (docs/tests.md)
 def test_a_fresh_process_loads_the_compiled_steps_and_a_changed_config_misses(tmp_path):
   first = _compile_only(str(tmp_path))
   assert "compilation cache miss" in first and "written to it" in first, first
@@ -78,6 +79,7 @@ def test_the_config_then_a_given_cache_then_the_workdir_decide_where():
   assert compile_cache.resolve_dir(train, "/w") is None
 
 
+@pytest.mark.slow  # make test's 15-minute budget on 2 cores (docs/tests.md)
 def test_start_up_milestones_are_logged_in_order_and_a_restart_restores(tmp_path):
   cfg = tiny_config(steps=1)  # The seqio pipeline of the embedded data: the run compiles ahead.
   cfg.model.vocab_size = 8192  # The embedded vocabulary.

@@ -58,7 +58,7 @@ def _train_py(config: str, overrides: list[str], workdir: str) -> subprocess.Com
 
 # RedLLM gets more steps: it sees half as many target tokens per row (32 of 64).
 @pytest.mark.parametrize("name,steps", [pytest.param("tiny_decllm.py", 200, marks=pytest.mark.slow),
-                                        ("tiny_redllm.py", 300)])
+                                        pytest.param("tiny_redllm.py", 300, marks=pytest.mark.slow)])
 def test_loss_falls_well_below_unigram_entropy(name, steps, tmp_path):
   overrides = _quick_overrides(steps)
   cfg = load_config(os.path.join(REPO, "configs", name), overrides)

@@ -19,31 +19,37 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_CREATED_CACHE, ignore_errors=True)
 
 
-# The longest modules (seconds of test time on a 2-core Intel Xeon in a slow stretch, 2026-11-27),
-# run first: `make test` hands whole modules to its two workers (`--dist loadscope`, kept for the
+# The longest modules (CPU seconds of a whole `make test` on 2 AMD EPYC cores, 2026-12-02), run
+# first: `make test` hands whole modules to its two workers (`--dist loadscope`, kept for the
 # module fixtures) in collection order (`--no-loadscope-reorder`), so starting with the longest
 # ones lets both workers finish together instead of one waiting for the other's last long module.
 # A module missing from the list only runs later.
 LONGEST_FIRST = (
-    "data/test_pipeline.py",  # 164
-    "evaluation/test_checkpoint_eval.py",  # 153
-    "training/test_train_embedded.py",  # 143, one test
-    "inference/test_generate.py",  # 128
-    "training/test_train_resume.py",  # 125
-    "models/test_positions_and_stacks.py",  # 125
-    "models/test_fast_paths.py",  # 115
-    "training/test_train_multidevice.py",  # 104
-    "models/test_attention_kernels.py",  # 96
-    "training/test_train_multiprocess.py",  # 73
-    "training/test_train_step.py",  # 72
-    "data/test_tfds_builder.py",  # 67
-    "experiments/test_runner.py",  # 64
-    "inference/test_cached_logits.py",  # 59
-    "test_quiet_startup.py",  # 59
-    "data/test_paper_scale.py",  # 51
-    "training/test_aot.py",  # 47
+    "training/test_train_resume.py",  # 93
+    "evaluation/test_checkpoint_eval.py",  # 90, trains the shared tiny runs (evaluation/conftest)
+    "data/test_pipeline.py",  # 83
+    "models/test_attention_kernels.py",  # 70
+    "inference/test_generate.py",  # 69
+    "training/test_moe_multidevice.py",  # 62
+    "models/test_positions_and_stacks.py",  # 60
+    "data/test_denoising.py",  # 59
+    "models/test_cudnn_packed.py",  # 56
+    "training/test_train_multidevice.py",  # 54
+    "models/test_attention_variant.py",  # 51
+    "experiments/test_runner.py",  # 52
+    "training/test_train_step.py",  # 51
+    "training/test_train_multiprocess.py",  # 47
+    "inference/test_cached_logits.py",  # 45
+    "inference/test_moe_generation.py",  # 37
+    "data/test_paper_scale.py",  # 36
+    "models/test_moe_capacity.py",  # 36
+    "training/test_aot.py",  # 34
+    "training/test_moe_train.py",  # 30
+    "training/test_startup_race.py",  # 29
+    "models/test_shared_redllm.py",  # 29
+    "test_quiet_startup.py",  # 26
+    "models/test_moe_layer.py",  # 26
 )
-
 
 def pytest_collection_modifyitems(session, config, items):
   del session, config

@@ -36,7 +36,7 @@ def _segments(cfg, **kw):
   return out
 
 
-@pytest.mark.parametrize("corpus", ["redpajama", "flan"])
+@pytest.mark.parametrize("corpus", ["redpajama", pytest.param("flan", marks=pytest.mark.slow)])  # Budget: docs/tests.md
 def test_two_shards_are_disjoint_and_cover_the_data(make_cfg, redpajama_root, flan_root, corpus):
   # redpajama: 2 files per subset -> whole files per shard; flan: 1 file per task -> examples.
   cfg = (_rp(make_cfg, redpajama_root, **{"data.sequence_length": 256}) if corpus == "redpajama"

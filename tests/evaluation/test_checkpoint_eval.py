@@ -6,25 +6,14 @@ import re
 import pytest
 
 from cli_scripts import load_script
-from t5like.config import load_config
 from t5like.evaluation.checkpoint_eval import evaluate_checkpoint, format_report
-from t5like.training import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SMALL = ["model.d_model=32", "model.num_heads=2", "model.head_dim=16", "model.d_ff=64",
-         "model.num_layers=1", "train.steps=3", "train.batch_size=4", "train.eval_steps=2",
-         "train.eval_batch_size=4", "train.log_every=1", "train.progress_bar=false",
-         "checkpoint.every=0"]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  out = {}
-  for family in ("decllm", "redllm"):
-    cfg = load_config(os.path.join(ROOT, "configs", f"tiny_{family}.py"), SMALL)
-    workdir = str(tmp_path_factory.mktemp(family))
-    out[family] = (workdir, run(cfg, workdir))
-  return out
+def runs(trained_runs):
+  return trained_runs  # tests/evaluation/conftest.py: trained once per test run.
 
 
 @pytest.mark.parametrize("family", ["decllm", "redllm"])

@@ -17,19 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-  from t5like.config import load_config
-  from t5like.training import run
-  root = tmp_path_factory.mktemp("suite_failures")
-  out = {}
-  for family in ("decllm", "redllm"):
-    cfg = load_config(os.path.join(ROOT, "configs", f"tiny_{family}.py"),
-                      ["train.steps=2", "train.batch_size=2", "train.eval_steps=0",
-                       "checkpoint.every=2", "model.d_model=32", "model.num_heads=1",
-                       "model.d_ff=64", "train.progress_bar=false"])
-    out[family] = str(root / family)
-    run(cfg, out[family])
-  return out
+def checkpoints(trained_runs):
+  """Both families' tiny checkpoints (step 3), shared with the other evaluation tests."""
+  return {family: workdir for family, (workdir, _) in trained_runs.items()}
 
 
 def _errors(capsys) -> list[str]:
@@ -69,7 +59,7 @@ def test_every_suite_on_both_families_and_one_failing_fails_eval_py(checkpoints,
     assert failed == ({"cost"} if family == "redllm" else set()), (family, c)
     assert (out / c["attention"]["heatmaps"]).exists()
   report = (out / "report.md").read_text()
-  assert re.search(r"Not shown for redllm \(redllm, step 2\): the cost suite failed "
+  assert re.search(r"Not shown for redllm \(redllm, step 3\): the cost suite failed "
                    r"\(RuntimeError: made to fail by the test\)", report), report
 
 

@@ -48,7 +48,8 @@ def _packed_redllm():
 
 
 CASES = [
-    ("decllm", dict(), _packed_decllm),
+    # Plain causal DecLLM: the GQA case below is causal too; ``-m slow`` (make test's budget).
+    pytest.param("decllm", dict(), _packed_decllm, marks=pytest.mark.slow),
     ("decllm", dict(decoder_attention="prefix"), _packed_decllm),
     ("decllm", dict(num_kv_heads=2), _packed_decllm),
     ("redllm", dict(), _packed_redllm),

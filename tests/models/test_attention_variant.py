@@ -46,9 +46,8 @@ def _logits_and_grads(family, **overrides):
   return model, logits, grads
 
 
-@pytest.mark.parametrize("family, overrides", [("decllm", {}),
-                                               ("decllm", {"decoder_attention": "prefix"}),
-                                               ("redllm", {})])
+@pytest.mark.parametrize("family, overrides", [  # The prefix mask: -m slow (docs/tests.md).
+    ("decllm", {}), pytest.param("decllm", {"decoder_attention": "prefix"}, marks=pytest.mark.slow), ("redllm", {})])
 def test_the_cap_changes_training_and_generation(family, overrides):
   plain, logits, grads = _logits_and_grads(family, **overrides)
   capped, logits_c, grads_c = _logits_and_grads(family, attention_logit_soft_cap=CAP, **overrides)

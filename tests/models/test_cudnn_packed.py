@@ -83,7 +83,8 @@ def _qkv(b, t, s, heads, kv_heads, seed=0):
           jax.random.normal(r[2], (b, s, kv_heads, 8)))
 
 
-@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+# Multi-head (one KV head per head) under ``-m slow``: GQA runs the same layout (make test's budget).
+@pytest.mark.parametrize("kv_heads", [pytest.param(4, marks=pytest.mark.slow), 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("kind", ["causal", "bidirectional", "cross"])
 def test_attention_through_the_layout_equals_the_xla_path(kind, kv_heads):
   """The packed call's own arithmetic (layout -> mask -> XLA attention) equals the model's

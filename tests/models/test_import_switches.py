@@ -67,7 +67,7 @@ def test_v_norm_off_needs_qkv_norm():
     tiny_cfg(qkv_norm=False, v_norm=False)
 
 
-@pytest.mark.parametrize("family", ["decllm", "redllm"])
+@pytest.mark.parametrize("family", ["decllm", pytest.param("redllm", marks=pytest.mark.slow)])  # Budget: docs/tests.md
 def test_cached_generation_with_the_switches_equals_full_forwards(family):
   """Greedy tokens from the KV-cache decode equal argmax of full forwards (Qwen3-like model:
   Q/K norms only, untied output, unscaled logits)."""

@@ -110,7 +110,7 @@ def _greedy_by_full_forwards(model, prompt, new):
   return out
 
 
-@pytest.mark.parametrize("family", ["decllm", "redllm"])
+@pytest.mark.parametrize("family", ["decllm", pytest.param("redllm", marks=pytest.mark.slow)])  # Budget: docs/tests.md
 def test_a_changed_block_changes_training_and_generation_alike(family, monkeypatch):
   """A test-local block subclass (the decoder's block plus a constant vector): its training
   logits differ from the plain model's, and ``generate`` (KV cache) gives exactly the tokens of

@@ -153,8 +153,9 @@ def test_a_refused_compile_is_one_row_with_the_memory_hint_only_for_memory(
   assert ("microbatches=N" in row) == hint
 
 
-@pytest.mark.parametrize("family,moe", [("decllm", False), ("redllm", False), ("decllm", True),
-                                        ("redllm", True)])
+@pytest.mark.parametrize("family,moe", [  # One case in make test, the rest slow (docs/tests.md).
+    ("decllm", False), pytest.param("redllm", False, marks=pytest.mark.slow),
+    pytest.param("decllm", True, marks=pytest.mark.slow), pytest.param("redllm", True, marks=pytest.mark.slow)])
 def test_plain_step_is_a_train_step_of_the_configs_shapes(family, moe):
   """The floor ``--baseline`` compiles is a working train step of the config's family and
   shapes: the batch is the config's (tokens, or inputs and targets), the loss falls on a fixed
@@ -194,6 +195,7 @@ def test_plain_step_is_a_train_step_of_the_configs_shapes(family, moe):
   assert all(jax.tree.leaves(moved)), moved
 
 
+@pytest.mark.slow  # make test's 15-minute budget on 2 cores (docs/tests.md)
 def test_baseline_rows_name_each_familys_plain_step(capsys):
   paths = [os.path.join(REPO, "configs", f"tiny_{f}.py") for f in ("decllm", "redllm")]
   assert compile_time.main(["--baseline", *paths]) == 0

@@ -272,6 +272,7 @@ def test_flag_variants_parse_and_a_bad_flag_is_named(bench):
     flags._args(["--variants", "default,nope"])
 
 
+@pytest.mark.slow  # make test's 15-minute budget on 2 cores (docs/tests.md)
 def test_decode_smoke_under_a_flag_variant_in_its_own_process(bench, tmp_path):
   out = tmp_path / "ab.json"
   rows = bench.flags.main(["--bench", "decode", "--variants", "no_command_buffer", "--smoke",
@@ -286,6 +287,7 @@ def test_decode_smoke_under_a_flag_variant_in_its_own_process(bench, tmp_path):
   assert json.loads(out.read_text())["rows"] == rows
 
 
+@pytest.mark.slow  # make test's 15-minute budget on 2 cores (docs/tests.md)
 def test_train_smoke_moe_capacity_row(bench, tmp_path):
   rows = bench.main(["--smoke", "--steps", "1", "--families", "decllm", "--no_dense",
                      "--no_peer", "--no_decode", "--moe", "capacity",

@@ -55,7 +55,7 @@ def _forward_loads(setup, state, batch):
   return jax.tree.map(np.asarray, loads(state.params, state.model_state, batch))
 
 
-@pytest.mark.parametrize("family", ["decllm", "redllm"])
+@pytest.mark.parametrize("family", ["decllm", pytest.param("redllm", marks=pytest.mark.slow)])  # Budget: docs/tests.md
 def test_bias_moves_by_gamma_sign_of_global_loads_and_nothing_else(family):
   cfg = moe_config(family)
   cfg.train.microbatches = 2  # Loads must add up over the microbatches.

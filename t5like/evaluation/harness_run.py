@@ -5,8 +5,8 @@ Each checkpoint is restored as a ``T5LikeLM`` (``harness.py``) and evaluated by 
 datasets library runs with ``HF_DATASETS_OFFLINE=1`` and the hub with ``HF_HUB_OFFLINE=1`` unless
 the caller set them; tasks come from the harness's registry or from YAML under
 ``--include_path`` (local data files through the ``json`` loader, or a pre-filled HF datasets
-cache) or ``harness_tasks/`` here: the group ``paper_downstream``, the paper's 13 downstream tasks
-under the harness's names. A task that is unknown or whose data cannot be read is one error naming
+cache) or ``harness_tasks/`` here: the group ``paper_downstream``, 13 of the harness's tasks
+standing for the paper's downstream set (docs/evaluation.md says which and why). A task that is unknown or whose data cannot be read is one error naming
 it (for a group, the member task) and what to give instead.
 
 Writes, from process 0: ``<output_dir>/harness_<name>_step<N>.json`` (the harness's results
@@ -27,8 +27,8 @@ from etils import epath
 from t5like.errors import UserError
 
 log = logging.getLogger(__name__)
-# t5like's own task YAMLs (package data, always on the include path) and the group of the paper's
-# downstream tasks defined there.
+# t5like's own task YAMLs (package data, always on the include path) and the group standing for
+# the paper's downstream tasks defined there.
 TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness_tasks")
 PAPER_GROUP = "paper_downstream"
 LIST_TASKS = "python -m t5like.evaluation.harness_cli ls tasks"
@@ -68,15 +68,15 @@ def unknown_tasks_message(unknown: Sequence[str], known: Sequence[str],
   where = f" or in {', '.join(include_path)}" if include_path else ""
   return (f"unknown harness task(s) {', '.join(unknown)}: not in lm-eval's registry{where}"
           + (f" (did you mean {', '.join(near)}?)" if near else "")
-          + f"; give a name from `{LIST_TASKS}` (the paper's set: {PAPER_GROUP}), or "
+          + f"; give a name from `{LIST_TASKS}` (13 downstream tasks: {PAPER_GROUP}), or "
           "--include_path DIR with the task's YAML")
 
 
 def _leaves(manager, name: str) -> list[str]:
   """The tasks of a group (recursively), or ``[name]`` for a task."""
   entry = manager.task_index.get(name)
-  members = (entry.cfg or {}).get("task") if entry is not None and entry.kind.name == "GROUP" \
-      else None
+  group = entry is not None and entry.kind.name == "GROUP"
+  members = (entry.cfg or {}).get("task") if group else None
   if not members:
     return [name]
   return [leaf for m in members if isinstance(m, str) for leaf in _leaves(manager, m)]

@@ -47,51 +47,10 @@ from lm_eval.api.registry import register_model
 
 from t5like import partitioning
 from t5like.config import ConfigError
-from t5like.evaluation.scoring import PAD_MULTIPLE
+from t5like.evaluation.scoring import decllm_rows, redllm_rows
 
 log = logging.getLogger(__name__)
-BOS_ID, EOS_ID = 0, 1
-
-
-def _round_up(n: int) -> int:
-  return max(PAD_MULTIPLE, -(-n // PAD_MULTIPLE) * PAD_MULTIPLE)
-
-
-def decllm_rows(pairs: Sequence[tuple[list[int], list[int]]], prefix: bool):
-  """Rows ``(context + continuation)[:-1]`` predicting ``[1:]`` (the context starts with its BOS
-  or the window's first token); spans of the continuation's positions."""
-  length = _round_up(max(len(c) + len(o) - 1 for c, o in pairs))
-  rows = {k: np.zeros((len(pairs), length), np.int32) for k in
-          ("decoder_input_tokens", "decoder_segment_ids", "targets")}
-  if prefix:
-    rows["decoder_causal_attention"] = np.zeros((len(pairs), length), np.int32)
-  spans = []
-  for r, (c, o) in enumerate(pairs):
-    seq = c + o
-    n = len(seq) - 1
-    rows["decoder_input_tokens"][r, :n] = seq[:-1]
-    rows["targets"][r, :n] = seq[1:]
-    rows["decoder_segment_ids"][r, :n] = 1
-    if prefix:
-      rows["decoder_causal_attention"][r, :len(c)] = 1
-    spans.append((len(c) - 1, n))
-  return rows, spans
-
-
-def redllm_rows(pairs: Sequence[tuple[list[int], list[int]]]):
-  """Encoder: the context; decoder: ``[0] + continuation[:-1]`` predicting the continuation."""
-  enc_len = _round_up(max(len(c) for c, _ in pairs))
-  dec_len = _round_up(max(len(o) for _, o in pairs))
-  rows = {"encoder_input_tokens": np.zeros((len(pairs), enc_len), np.int32),
-          "decoder_input_tokens": np.zeros((len(pairs), dec_len), np.int32),
-          "decoder_segment_ids": np.zeros((len(pairs), dec_len), np.int32),
-          "targets": np.zeros((len(pairs), dec_len), np.int32)}
-  for r, (c, o) in enumerate(pairs):
-    rows["encoder_input_tokens"][r, :len(c)] = c
-    rows["decoder_input_tokens"][r, :len(o)] = [BOS_ID] + o[:-1]
-    rows["targets"][r, :len(o)] = o
-    rows["decoder_segment_ids"][r, :len(o)] = 1
-  return rows, [(0, len(o)) for _, o in pairs]
+BOS_ID, EOS_ID = 0, 1  # BOS: scoring.BOS_ID, seqio's decoder start.
 
 
 @nnx.jit

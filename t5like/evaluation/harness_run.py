@@ -5,7 +5,9 @@ Each checkpoint is restored as a ``T5LikeLM`` (``harness.py``) and evaluated by 
 datasets library runs with ``HF_DATASETS_OFFLINE=1`` and the hub with ``HF_HUB_OFFLINE=1`` unless
 the caller set them; tasks come from the harness's registry or from YAML under
 ``--include_path`` (local data files through the ``json`` loader, or a pre-filled HF datasets
-cache). A task that is unknown or whose data cannot be read is one error naming it.
+cache) or ``harness_tasks/`` here: the group ``paper_downstream``, 13 of the harness's tasks
+standing for the paper's downstream set (docs/evaluation.md says which and why). A task that is unknown or whose data cannot be read is one error naming
+it (for a group, the member task) and what to give instead.
 
 Writes, from process 0: ``<output_dir>/harness_<name>_step<N>.json`` (the harness's results
 JSON per checkpoint), ``report.md`` (one table: every task's metrics side by side, with standard
@@ -13,6 +15,7 @@ errors) and ``harness.png`` (per task, the [0, 1] metrics of each checkpoint wit
 """
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
@@ -24,6 +27,11 @@ from etils import epath
 from t5like.errors import UserError
 
 log = logging.getLogger(__name__)
+# t5like's own task YAMLs (package data, always on the include path) and the group standing for
+# the paper's downstream tasks defined there.
+TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness_tasks")
+PAPER_GROUP = "paper_downstream"
+LIST_TASKS = "python -m t5like.evaluation.harness_cli ls tasks"
 
 
 class HarnessTaskError(UserError, ValueError):
@@ -46,29 +54,65 @@ def task_names(spec: str) -> list[str]:
   return [t.strip() for t in spec.split(",") if t.strip()]
 
 
+def include_paths(include_path: Sequence[str] | str | None = ()) -> list[str]:
+  """The task directories a TaskManager scans besides lm-eval's own: t5like's, then the user's
+  (a later one overrides a task of the same name)."""
+  user = [include_path] if isinstance(include_path, str) else list(include_path or ())
+  return [TASKS_DIR] + [p for p in user if p]
+
+
+def unknown_tasks_message(unknown: Sequence[str], known: Sequence[str],
+                          include_path: Sequence[str] = ()) -> str:
+  """One message naming the unknown tasks, the nearest known names and the fix."""
+  near = sorted({m for n in unknown for m in difflib.get_close_matches(n, known, n=3)})
+  where = f" or in {', '.join(include_path)}" if include_path else ""
+  return (f"unknown harness task(s) {', '.join(unknown)}: not in lm-eval's registry{where}"
+          + (f" (did you mean {', '.join(near)}?)" if near else "")
+          + f"; give a name from `{LIST_TASKS}` (13 downstream tasks: {PAPER_GROUP}), or "
+          "--include_path DIR with the task's YAML")
+
+
+def _leaves(manager, name: str) -> list[str]:
+  """The tasks of a group (recursively), or ``[name]`` for a task."""
+  entry = manager.task_index.get(name)
+  group = entry is not None and entry.kind.name == "GROUP"
+  members = (entry.cfg or {}).get("task") if group else None
+  if not members:
+    return [name]
+  return [leaf for m in members if isinstance(m, str) for leaf in _leaves(manager, m)]
+
+
+def _load_one(manager, name: str):
+  """Builds task or group ``name``; data that cannot be read is one error naming the task."""
+  try:
+    return manager.load([name])
+  except Exception as e:  # noqa: BLE001 — the datasets library raises many kinds.
+    failed = name
+    for leaf in (_leaves(manager, name) if manager.task_index.get(name) else []):
+      if leaf == name:
+        break
+      try:
+        manager.load([leaf])
+      except Exception as leaf_error:  # noqa: BLE001
+        failed, e = f"{leaf} (of group {name})", leaf_error
+        break
+    raise HarnessTaskError(
+        f"harness task {failed}: its data could not be read offline ({type(e).__name__}: "
+        f"{str(e).splitlines()[0] if str(e) else ''}); give the local data files its YAML "
+        "names (dataset_path: json, dataset_kwargs.data_files), or pre-fill the HF datasets "
+        "cache (HF_DATASETS_CACHE) on a machine with network") from None
+
+
 def load_tasks(names: Sequence[str], include_path: Sequence[str] = ()):
   """(task manager, {name: task dict}) with every task built (its data read) up front, so that
   a missing task or data set fails before any model runs."""
   _offline()
   from lm_eval.tasks import TaskManager
-  manager = TaskManager(include_path=list(include_path) or None)
+  manager = TaskManager(include_path=include_paths(include_path))
   unknown = [n for n in names if n not in manager.all_tasks]
   if unknown:
-    where = f" or in {', '.join(include_path)}" if include_path else ""
-    raise HarnessTaskError(
-        f"unknown harness task(s) {', '.join(unknown)}: not in lm-eval's registry{where}; give "
-        "--include_path DIR with a task YAML, or a name from `lm_eval --tasks list`")
-  built = {}
-  for name in names:
-    try:
-      built[name] = manager.load([name])
-    except Exception as e:  # noqa: BLE001 — the datasets library raises many kinds.
-      raise HarnessTaskError(
-          f"harness task {name}: its data could not be read offline ({type(e).__name__}: "
-          f"{str(e).splitlines()[0] if str(e) else ''}); give the local data files its YAML "
-          "names (dataset_path: json, dataset_kwargs.data_files), or pre-fill the HF datasets "
-          "cache (HF_DATASETS_CACHE) on a machine with network") from None
-  return manager, built
+    raise HarnessTaskError(unknown_tasks_message(unknown, manager.all_tasks, include_path))
+  return manager, {name: _load_one(manager, name) for name in names}
 
 
 def evaluate(lm, names: Sequence[str], manager, *, num_fewshot: int | None = None,

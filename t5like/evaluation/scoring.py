@@ -9,7 +9,8 @@
   positions exactly as in training.
 
 Rows are right-padded to lengths rounded up to ``PAD_MULTIPLE`` (few compilations) and scored in
-batches by one jitted forward (MoE layers dropless). Contexts longer than ``max_context`` are cut from the left (the
+batches by one jitted forward (MoE layers dropless); ``decllm_rows`` / ``redllm_rows`` build them,
+here and for lm-evaluation-harness (``harness.py``). Contexts longer than ``max_context`` are cut from the left (the
 start of a few-shot prompt goes first) and counted, or rejected with ``on_long="error"``.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from t5like.models.moe import route_dropless
 
 log = logging.getLogger(__name__)
 PAD_MULTIPLE = 32
+BOS_ID = 0  # seqio's shifted decoder input starts with 0.
 
 
 @dataclasses.dataclass
@@ -63,9 +65,12 @@ def fit_context(ctx: list[int], trunc: Truncation, on_long: str) -> list[int]:
   return ctx[len(ctx) - trunc.max_context:]
 
 
-def _decllm_rows(model, pairs):
-  prefix = model.cfg.decoder_attention == "prefix"
-  length = _round_up(max(len(c) + len(o) for c, o in pairs))
+def decllm_rows(pairs: Sequence[tuple[list[int], list[int]]], prefix: bool):
+  """DecLLM rows of (context, continuation) pairs whose context starts with the row's first
+  token (the BOS, or a rolling window's first token): ``(context + continuation)[:-1]`` predicting
+  ``[1:]``, bidirectional over the context for a ``prefix`` model (``decoder_causal_attention``);
+  spans of the continuation's positions."""
+  length = _round_up(max(len(c) + len(o) - 1 for c, o in pairs))
   rows = {k: np.zeros((len(pairs), length), np.int32) for k in
           ("decoder_input_tokens", "decoder_segment_ids", "targets")}
   if prefix:
@@ -73,30 +78,31 @@ def _decllm_rows(model, pairs):
   spans = []
   for r, (c, o) in enumerate(pairs):
     seq = c + o
-    rows["decoder_input_tokens"][r, :len(seq)] = [0] + seq[:-1]
-    rows["targets"][r, :len(seq)] = seq
-    rows["decoder_segment_ids"][r, :len(seq)] = 1
+    n = len(seq) - 1
+    rows["decoder_input_tokens"][r, :n] = seq[:-1]
+    rows["targets"][r, :n] = seq[1:]
+    rows["decoder_segment_ids"][r, :n] = 1
     if prefix:
-      rows["decoder_causal_attention"][r, :len(c) + 1] = 1
-    spans.append((len(c), len(seq)))
+      rows["decoder_causal_attention"][r, :len(c)] = 1
+    spans.append((len(c) - 1, n))
   return rows, spans
 
 
-def _redllm_rows(pairs):
+def redllm_rows(pairs: Sequence[tuple[list[int], list[int]]]):
+  """RedLLM rows: the context in the encoder, ``[BOS] + continuation[:-1]`` in the decoder
+  predicting the continuation; spans of the continuation's positions."""
   enc_len = _round_up(max(len(c) for c, _ in pairs))
   dec_len = _round_up(max(len(o) for _, o in pairs))
   rows = {"encoder_input_tokens": np.zeros((len(pairs), enc_len), np.int32),
           "decoder_input_tokens": np.zeros((len(pairs), dec_len), np.int32),
           "decoder_segment_ids": np.zeros((len(pairs), dec_len), np.int32),
           "targets": np.zeros((len(pairs), dec_len), np.int32)}
-  spans = []
   for r, (c, o) in enumerate(pairs):
     rows["encoder_input_tokens"][r, :len(c)] = c
-    rows["decoder_input_tokens"][r, :len(o)] = [0] + o[:-1]
+    rows["decoder_input_tokens"][r, :len(o)] = [BOS_ID] + o[:-1]
     rows["targets"][r, :len(o)] = o
     rows["decoder_segment_ids"][r, :len(o)] = 1
-    spans.append((0, len(o)))
-  return rows, spans
+  return rows, [(0, len(o)) for _, o in pairs]
 
 
 def option_loglikelihoods(model, pairs: Sequence[tuple[list[int], list[int]]], *,
@@ -114,9 +120,10 @@ def option_loglikelihoods(model, pairs: Sequence[tuple[list[int], list[int]]], *
     if any(not o for _, o in chunk):
       raise ValueError("an option encodes to no tokens; it cannot be scored")
     if model.cfg.family == "redllm":
-      rows, spans = _redllm_rows(chunk)
-    else:
-      rows, spans = _decllm_rows(model, chunk)
+      rows, spans = redllm_rows(chunk)
+    else:  # The row starts with the BOS, the context's first token here.
+      rows, spans = decllm_rows([([BOS_ID] + c, o) for c, o in chunk],
+                                model.cfg.decoder_attention == "prefix")
     lp = np.asarray(_logprobs(model, {k: jnp.asarray(v) for k, v in rows.items()}),
                     np.float64)
     out += [float(lp[r, a:b].sum()) for r, (a, b) in enumerate(spans)]

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.experimental import multihost_utils
 
 from t5like import partitioning
 from t5like.inference import steps
@@ -209,6 +210,8 @@ class Generator:
       lens, real = jax.device_put(lens, per_row), jax.device_put(real, per_row)
     with self._on_mesh():
       out = fn(self._params, tokens, lens, rng, real)
+    if not out.is_fully_addressable:  # Rows on several processes: every host reads them all.
+      out = multihost_utils.process_allgather(out, tiled=True)
     result = []
     for row in np.asarray(out)[:len(rows)].tolist():
       result.append(row[:row.index(eos_id)] if eos_id in row else row)

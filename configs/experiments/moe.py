@@ -23,11 +23,12 @@ def _loop(steps: int, batch: int, seed: int) -> tuple[str, ...]:
 
 
 def _runs(budget: str) -> tuple[RunSpec, ...]:
-  """Per arm and seed: a pretraining run, then instruction tuning from it (same seed)."""
+  """Per arm and seed: a pretraining run, then instruction tuning from it (same seed). Seed by
+  seed, so a run stopped part way has every arm at its first seeds."""
   pre_steps, ft_steps, batch, _, seeds = BUDGET[budget]
   runs = []
-  for family, ffn, pretrain, finetune in ARMS:
-    for seed in seeds:
+  for seed in seeds:
+    for family, ffn, pretrain, finetune in ARMS:
       tags = (("family", family), ("ffn", ffn), ("seed", seed))
       runs.append(RunSpec(name=f"{family}_{ffn}_s{seed}", config=pretrain,
                           overrides=_loop(pre_steps, batch, seed) + (

@@ -11,8 +11,9 @@ ARMS = (("decllm", "dense", "tiny_decllm.py", "tiny_decllm_flan.py"),
         ("decllm", "moe", "tiny_decllm_moe.py", "tiny_decllm_moe_flan.py"),
         ("redllm", "dense", "tiny_redllm.py", "tiny_redllm_flan.py"),
         ("redllm", "moe", "tiny_redllm_moe.py", "tiny_redllm_moe_flan.py"))
-# pretrain steps, finetune steps, batch, warmup, held-out batches, seeds
-BUDGET = {"quick": (24, 16, 8, 2, 2, (0,)), "full": (300, 150, 16, 15, 16, (0, 1, 2))}
+# pretrain steps, finetune steps, batch, held-out batches, seeds. As in instruction_tuning: warmup
+# a tenth of the pretraining steps, finetuning at the instruction-tuning configs' own schedule.
+BUDGET = {"quick": (24, 16, 8, 2, (0,)), "full": (300, 150, 16, 16, (0, 1))}
 
 
 def _loop(steps: int, batch: int, seed: int) -> tuple[str, ...]:
@@ -22,15 +23,16 @@ def _loop(steps: int, batch: int, seed: int) -> tuple[str, ...]:
 
 
 def _runs(budget: str) -> tuple[RunSpec, ...]:
-  """Per arm and seed: a pretraining run, then instruction tuning from it (same seed)."""
-  pre_steps, ft_steps, batch, warmup, _, seeds = BUDGET[budget]
+  """Per arm and seed: a pretraining run, then instruction tuning from it (same seed). Seed by
+  seed, so a run stopped part way has every arm at its first seeds."""
+  pre_steps, ft_steps, batch, _, seeds = BUDGET[budget]
   runs = []
-  for family, ffn, pretrain, finetune in ARMS:
-    for seed in seeds:
+  for seed in seeds:
+    for family, ffn, pretrain, finetune in ARMS:
       tags = (("family", family), ("ffn", ffn), ("seed", seed))
       runs.append(RunSpec(name=f"{family}_{ffn}_s{seed}", config=pretrain,
                           overrides=_loop(pre_steps, batch, seed) + (
-                              f"train.warmup_steps={warmup}",),
+                              f"train.warmup_steps={pre_steps // 10}",),
                           eval_overrides=("data.objective=prefix",),
                           tags=(("stage", "pretrain"),) + tags))
       runs.append(RunSpec(name=f"finetune_{family}_{ffn}_s{seed}", config=finetune,
@@ -47,16 +49,16 @@ def _paper_runs() -> tuple[RunSpec, ...]:
     runs.append(RunSpec(name=f"{family}_{ffn}_1b", config=f"{family}_1b{moe}.py",
                         overrides=("data.data_dir={data_dir}",),
                         eval_overrides=("data.objective=prefix",),
-                        tags=(("family", family), ("ffn", ffn))))
+                        tags=(("stage", "pretrain"), ("family", family), ("ffn", ffn))))
     runs.append(RunSpec(name=f"finetune_{family}_{ffn}_1b", config=f"{family}_1b{moe}_flan.py",
                         overrides=("data.data_dir={flan_dir}",),
                         init_from_run=f"{family}_{ffn}_1b",
-                        tags=(("family", family), ("ffn", ffn))))
+                        tags=(("stage", "finetune"), ("family", family), ("ffn", ffn))))
   return tuple(runs)
 
 
 def get_experiment(budget: str = "quick") -> ExperimentSpec:
-  pre_steps, ft_steps, batch, _, eval_batches, seeds = BUDGET[budget]
+  pre_steps, ft_steps, batch, eval_batches, seeds = BUDGET[budget]
   return ExperimentSpec(
       name="moe", analysis="moe", budget=budget, runs=_runs(budget), paper_runs=_paper_runs(),
       eval_batches=eval_batches,

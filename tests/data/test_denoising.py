@@ -365,7 +365,8 @@ def test_s_denoiser_splits_anywhere_in_its_chunk():
 
 def test_ul2_default_is_the_papers_seven_denoisers():
   """data.objective=ul2: UL2's seven (R 3/8 at 15 %, X 3/8 at 50 %, X 64 at 15 / 50 %, S) by
-  default, S at 20 %; the earlier three under data.ul2_preset=three."""
+  default at 20 % R / 10 % X each / 20 % S (R, X 40 % each, S 20 %); the earlier three under
+  data.ul2_preset=three."""
   from t5like.config.data import DataConfig
   seven = DataConfig(objective="ul2", extra_ids=100, inputs_length=512, targets_length=114)
   got = {(d["mode"], d.get("mean_noise_span_length") if d["mode"] != "s" else None,
@@ -373,8 +374,14 @@ def test_ul2_default_is_the_papers_seven_denoisers():
          for d in seven.denoisers().values()}
   assert got == {("r", 3.0, 0.15), ("r", 8.0, 0.15), ("x", 3.0, 0.5), ("x", 8.0, 0.5),
                  ("x", 64.0, 0.15), ("x", 64.0, 0.5), ("s", None, None)}
-  rates = {n: d["rate"] for n, d in seven.denoisers().items()}
-  assert rates["s"] / sum(rates.values()) == pytest.approx(0.2)
+  share = {}
+  for d in seven.denoisers().values():
+    share[d["mode"], d.get("mean_noise_span_length"), d.get("noise_density")] = d["rate"]
+  total = sum(share.values())
+  by_mode = {m: sum(r for (mode, _, _), r in share.items() if mode == m) / total for m in "rxs"}
+  assert by_mode == pytest.approx({"r": 0.4, "x": 0.4, "s": 0.2})
+  assert len({r for (mode, _, _), r in share.items() if mode == "r"}) == 1  # Equal within R, X.
+  assert len({r for (mode, _, _), r in share.items() if mode == "x"}) == 1
   three = DataConfig(objective="ul2", extra_ids=100, ul2_preset="three", inputs_length=512,
                      targets_length=114).denoisers()
   assert {(d["mode"], d["rate"]) for d in three.values()} == {("r", 0.4), ("x", 0.4), ("s", 0.2)}

@@ -31,7 +31,18 @@ def test_moe_spec_pairs_every_arm_and_finetunes_each_pretraining_run():
       parent = by_name[r.init_from_run]  # The same arm and seed, pretrained.
       assert parent.tag("stage") == "pretrain" and [parent.tag(k) for k in (
           "family", "ffn", "seed")] == [r.tag(k) for k in ("family", "ffn", "seed")]
+    for r in spec.paper_runs:  # Paper runs are filed by stage as the laptop runs are.
+      assert r.tag("stage") == ("finetune" if r.init_from_run else "pretrain")
   spec = load_experiment("moe", "quick")
+  # The dense DecLLM arm is trained as in instruction_tuning at the same budget: same schedule,
+  # warmup and finetuning loop, same configs.
+  it = {r.name: r for r in load_experiment("instruction_tuning", "quick").runs}
+  ours = {r.name: r for r in spec.runs}
+  for mine, theirs in (("decllm_dense_s0", "pretrain_decllm"),
+                       ("finetune_decllm_dense_s0", "finetune_decllm_s0")):
+    assert (ours[mine].config, ours[mine].overrides, ours[mine].eval_overrides,
+            ours[mine].tasks) == (it[theirs].config, it[theirs].overrides,
+                                  it[theirs].eval_overrides, it[theirs].tasks)
   workdirs = {r.name: f"/runs/{r.name}" for r in spec.runs}
   for r in spec.runs:  # Finetuning keeps the pretrained model's MoE layout; FLAN data.
     cfg, parent = run_config(r, workdirs), None

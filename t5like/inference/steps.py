@@ -8,8 +8,9 @@ off (no rng).
 
 - **Prefill** (DecLLM) is the training forward over the left-padded prompt: the training masks
   (causal, prefix, mixed forward/backward) over the prompt's own keys, through the attention
-  core training uses (``model.attention_impl``: splash on TPU, cuDNN on GPU where it serves the
-  mask, the reference core on CPU); it writes slots ``0 .. P-1``. RedLLM's prefill is
+  core training uses (``model.attention_impl``: splash on TPU, the reference core on CPU; cuDNN
+  takes no left-padded rows, so a cuDNN model prefills on the reference core); it writes slots
+  ``0 .. P-1``. RedLLM's prefill is
   ``RedLLM.encode`` (exactly the training path) and the decoder's first step from BOS, which also
   writes each layer's cross-attention keys and values (computed once per prompt; later steps
   attend over them as they are).
@@ -35,6 +36,7 @@ from t5like.models.decllm import self_context
 from t5like.models.layers import COMPUTE_CAST, dtype
 from t5like.models.moe import route_dropless
 from t5like.models.rotary import rotary_table
+from t5like.ops import fused_attention
 
 
 class DecodeState(NamedTuple):
@@ -97,7 +99,11 @@ def decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp, slots: int):
   cfg = model.cfg
   b, p = tokens_bp.shape
   prefix_bp = segment_ids_bp if cfg.decoder_attention == "prefix" else None
-  ctx = self_context(cfg, segment_ids_bp, positions_bp, cfg.decoder_attention, prefix_bp)
+  # The rows are left-padded: a fused core that cannot attend those (cuDNN) leaves the prefill
+  # to the reference core.
+  serves = fused_attention.SERVES_LEADING_PADDING.get(ops.backend(cfg).attention_impl, True)
+  ctx = self_context(cfg, segment_ids_bp, positions_bp, cfg.decoder_attention, prefix_bp,
+                     materialize=not serves)
   ctx = ctx._replace(cache_index=0, prefill=True)
   cache = tuple(_empty(cfg, b, slots) for _ in range(cfg.num_layers))
   x_bpd, cache = model.hidden(tokens_bp, ctx, cache=cache)

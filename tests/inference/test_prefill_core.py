@@ -3,15 +3,20 @@
 call (DecLLM's prompt, RedLLM's encoder) through that core under the training mask, over the
 prompt's own keys; the one-token decode steps over the cache stay on the reference core; and the
 generated tokens are those of the same weights on the reference core (which CPU's ``auto``
-takes, so CPU generation is unchanged)."""
+takes, so CPU generation is unchanged). cuDNN, which counts lengths from a row's start, never
+gets the left-padded prompts: a cuDNN model prefills on the reference core, and a left-padded
+row handed to the cuDNN core is NaN, never attended silently."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from helpers import tiny_model
 from t5like.inference import generate
 from t5like.inference import generation as gen
+from t5like.models import masks
 from t5like.ops import fused_attention
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
@@ -50,3 +55,27 @@ def test_prefill_takes_the_training_core_and_decode_the_reference_core(
   prompt_len = calls[0][2]
   assert prompt_len >= max(map(len, PROMPTS))
   assert all(c == ("splash", kind, prompt_len, prompt_len) for c in calls), calls
+
+
+def test_a_cudnn_model_prefills_left_padded_prompts_on_the_reference_core(monkeypatch):
+  calls = []
+  monkeypatch.setattr(fused_attention, "attend", lambda *a, **k: calls.append(a[0]))
+  monkeypatch.setattr(gen, "_COMPILED", {})
+  jax.clear_caches()
+  overrides = dict(dtype="bfloat16", num_kv_heads=2)
+  want = generate(tiny_model("decllm", seed=4, **overrides), PROMPTS, max_new_tokens=NEW,
+                  eos_id=-1)
+  cudnn = tiny_model("decllm", seed=4, attention_impl="cudnn", **overrides)
+  assert cudnn.cfg.attention_impl == "cudnn"
+  assert generate(cudnn, PROMPTS, max_new_tokens=NEW, eos_id=-1) == want and not calls
+
+
+def test_the_cudnn_core_gives_nan_for_a_row_padded_first():
+  """Through XLA's implementation of the same call (the GPU runs cuDNN's): the row whose
+  padding comes first is NaN, the right-padded row is attended."""
+  r = jax.random.split(jax.random.key(2), 3)
+  q, k, v = (jax.random.normal(x, (2, 8, 2, 8)) for x in r)
+  seg = jnp.array([[0, 0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0, 0]])
+  out = np.asarray(fused_attention.cudnn_attention(q, k, v, masks.MaskSpec(seg, seg, "causal"),
+                                                   implementation="xla"))
+  assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()

@@ -112,8 +112,7 @@ test-beam: $(BEAM_STAMP)
 # The paper table of docs/pods.md: every paper config compiled for v5p-128 and v5e-256 (a few
 # hours on 2 cores; resumes from runs/tpu_table.json).
 tpu-table: $(TPU_STAMP)
-	ALLOW_MULTIPLE_LIBTPU_LOAD=1 $(TPU_PY) -m t5like.tools.tpu_table --readme docs/pods.md \
-	  --splash_configs decllm_1b redllm_1b decllm_prefix_1b_flan $(TABLE_ARGS)
+	ALLOW_MULTIPLE_LIBTPU_LOAD=1 $(TPU_PY) -m t5like.tools.tpu_table --readme docs/pods.md $(TABLE_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/data_throughput.py

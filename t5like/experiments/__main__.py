@@ -47,23 +47,31 @@ def load_experiment(name: str, budget: str):
 
 def paper_commands(spec, workdir_root: str, data_dir: str, flan_dir: str,
                    vocab_path: str = "gs://YOUR_BUCKET/vocab/spm32k.model",
-                   validation_holdout: float = 0.001) -> list[str]:
-  """train.py / eval.py command lines of the experiment at paper scale."""
-  lines = []
+                   validation_holdout: float = 0.001, table=None) -> list[str]:
+  """train.py / eval.py command lines of the experiment at paper scale; with ``table`` (the TPU
+  table's rows, ``budget.read_table``) each train command is followed by its cost per slice and
+  the experiment by its total (``budget``)."""
+  from t5like.experiments import budget
+  lines, totals = [], {}
   for run in spec.paper_runs:
     workdir = f"{workdir_root.rstrip('/')}/{spec.name}/{run.name}"
     train = ["python", "train.py", "--config", f"configs/{run.config}", "--workdir", workdir]
-    train += [f"--config.{o.format(data_dir=data_dir, flan_dir=flan_dir)}" for o in run.overrides]
+    overrides = [o.format(data_dir=data_dir, flan_dir=flan_dir) for o in run.overrides]
     if any(o.startswith("data.data_dir=") for o in run.overrides):  # Paper presets require both.
-      train += [f"--config.data.vocab_path={vocab_path}",
-                f"--config.data.validation_holdout={validation_holdout}"]
+      overrides += [f"data.vocab_path={vocab_path}", f"data.validation_holdout={validation_holdout}"]
     if run.init_from_run:
-      train.append(f"--config.train.init_from={workdir_root.rstrip('/')}/{spec.name}/"
-                   f"{run.init_from_run}")
+      overrides.append(f"train.init_from={workdir_root.rstrip('/')}/{spec.name}/"
+                       f"{run.init_from_run}")
+    train += [f"--config.{o}" for o in overrides]
     lines.append(shlex.join(train))
+    if table is not None:
+      lines += budget.run_lines(os.path.join(configs_dir(), run.config), overrides, table,
+                                totals, train)
     for overrides in [run.eval_overrides] + [ov for _, ov in run.evals]:
       lines.append(shlex.join(["python", "eval.py", "--workdir", workdir]
                               + [f"--config.{o}" for o in overrides]))
+  if table is not None:
+    lines += budget.total_lines(spec.name, len(spec.paper_runs), totals)
   return lines
 
 
@@ -116,16 +124,24 @@ def _main(argv: list[str]) -> int:
   parser.add_argument("--validation_holdout", type=float, default=0.001,
                       help="--scale paper: fraction of documents held out when a corpus has no "
                            "validation files")
+  parser.add_argument("--tpu_table", nargs="*", default=None,
+                      help="--scale paper: where each run's slice, setting, step time and "
+                           "chip-hours come from: TPU table pages (docs/pods.md) or results files "
+                           "of t5like.tools.tpu_table, later ones first (default: docs/pods.md, "
+                           "then runs/tpu_table.json if it exists); none given: no costs")
   cli.add_debug_argument(parser)
   args = parser.parse_args(argv)
   names = available() if args.names == ["all"] else args.names
   budget = "quick" if args.quick else "full"
   if args.scale == "paper":
+    from t5like.experiments import budget as cost
+    tables = cost.default_tables(configs_dir()) if args.tpu_table is None else args.tpu_table
+    table = cost.read_table(tables) if tables else None
     for name in names:
       print(f"# {name}")
       print("\n".join(paper_commands(load_experiment(name, budget), args.workdir_root,
                                      args.data_dir, args.flan_dir, args.vocab_path,
-                                     args.validation_holdout)))
+                                     args.validation_holdout, table)))
     return 0
   for name in names:  # Unknown names fail before anything is set up.
     load_experiment(name, budget)

@@ -6,14 +6,17 @@ blocks, attention and MLP, and ``head``), handing every attention layer its ``KV
 its queries attend over the cache's slots, under masks built here over those slots. Dropout is
 off (no rng).
 
-- **Prefill** (DecLLM) is the forward over the left-padded prompt with the training masks
-  (causal, prefix, mixed forward/backward), widened to the cache's slots; it writes slots
-  ``0 .. P-1``. RedLLM's prefill is ``RedLLM.encode`` (exactly the training path) and the
-  decoder's first step from BOS, which also writes each layer's cross-attention keys and values
-  (computed once per prompt; later steps attend over them as they are).
-- **Decode** feeds one token per row at the same ``slot`` in every row. A generated token is
-  causal, so it sees exactly the valid cache slots (mixed attention only changes bidirectional
-  pairs, which a generated token is never part of).
+- **Prefill** (DecLLM) is the training forward over the left-padded prompt: the training masks
+  (causal, prefix, mixed forward/backward) over the prompt's own keys, through the attention
+  core training uses (``model.attention_impl``: splash on TPU, the reference core on CPU; cuDNN
+  takes no left-padded rows, so a cuDNN model prefills on the reference core); it writes slots
+  ``0 .. P-1``. RedLLM's prefill is
+  ``RedLLM.encode`` (exactly the training path) and the decoder's first step from BOS, which also
+  writes each layer's cross-attention keys and values (computed once per prompt; later steps
+  attend over them as they are).
+- **Decode** feeds one token per row at the same ``slot`` in every row, attending over the cache
+  with the reference core. A generated token is causal, so it sees exactly the valid cache slots
+  (mixed attention only changes bidirectional pairs, which a generated token is never part of).
 
 The decoder's layers run unstacked (``LayerStack.unstacked``, made once per ``Generator``):
 slicing the stacked ``[layers, ...]`` weights inside every step would copy them once per token.
@@ -33,6 +36,7 @@ from t5like.models.decllm import self_context
 from t5like.models.layers import COMPUTE_CAST, dtype
 from t5like.models.moe import route_dropless
 from t5like.models.rotary import rotary_table
+from t5like.ops import fused_attention
 
 
 class DecodeState(NamedTuple):
@@ -88,19 +92,19 @@ def _step_context(cfg, position_b: jax.Array, valid_bs: jax.Array, slot,
 def decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp, slots: int):
   """Runs the (left-padded) prompt through DecLLM into a cache of ``slots`` slots.
 
-  Masks as in training: causal, or for ``decoder_attention="prefix"`` bidirectional over the
-  whole prompt (``decoder_causal_attention`` = the prompt, BOS included), mixed if configured.
-  Returns (logits [batch, vocab] of the last prompt token, DecodeState).
+  Masks and attention core as in training: causal, or for ``decoder_attention="prefix"``
+  bidirectional over the whole prompt (``decoder_causal_attention`` = the prompt, BOS included),
+  mixed if configured. Returns (logits [batch, vocab] of the last prompt token, DecodeState).
   """
   cfg = model.cfg
   b, p = tokens_bp.shape
   prefix_bp = segment_ids_bp if cfg.decoder_attention == "prefix" else None
+  # The rows are left-padded: a fused core that cannot attend those (cuDNN) leaves the prefill
+  # to the reference core.
+  serves = fused_attention.SERVES_LEADING_PADDING.get(ops.backend(cfg).attention_impl, True)
   ctx = self_context(cfg, segment_ids_bp, positions_bp, cfg.decoder_attention, prefix_bp,
-                     materialize=True)
-  widen = lambda m: None if m is None else jnp.pad(  # noqa: E731  (keys: the cache's slots)
-      m, ((0, 0), (0, 0), (0, 0), (0, slots - p)))
-  ctx = ctx._replace(mask_fwd=widen(ctx.mask_fwd), mask_bwd=widen(ctx.mask_bwd), causal=False,
-                     cache_index=0)
+                     materialize=not serves)
+  ctx = ctx._replace(cache_index=0, prefill=True)
   cache = tuple(_empty(cfg, b, slots) for _ in range(cfg.num_layers))
   x_bpd, cache = model.hidden(tokens_bp, ctx, cache=cache)
   valid_bs = jnp.pad(segment_ids_bp > 0, ((0, 0), (0, slots - p)))

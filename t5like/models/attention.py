@@ -8,6 +8,8 @@ encodes the true decoder-to-encoder distance. Optional grouped key/value heads.
 With a ``KVCache`` (generation) the keys and values of ``x_kv`` are written into the cache at
 ``cache_index`` and the queries attend over the whole cache (the mask says which slots); with
 ``x_kv`` None they attend over the cache as it is (RedLLM's cross-attention after its first step).
+A ``prefill`` (the call's tokens are the cache's first) writes them too, but its queries attend
+over their own keys under the training masks, through the core training uses.
 """
 from __future__ import annotations
 
@@ -108,14 +110,18 @@ class Attention(nnx.Module):
                q_pos_bt: jax.Array | Rotary, kv_pos_bs: jax.Array | Rotary | None,
                mask_bhts: jax.Array | MaskSpec, *, causal: bool = False,
                rng: jax.Array | None = None, cache: KVCache | None = None,
-               cache_index: jax.Array | int = 0) -> tuple[jax.Array, KVCache | None]:
+               cache_index: jax.Array | int = 0, prefill: bool = False
+               ) -> tuple[jax.Array, KVCache | None]:
     """Attends from ``x_q`` [batch, t, d] to ``x_kv`` [batch, s, d] (or to ``cache``); returns
-    ([batch, t, d], the updated cache). ``causal``: the mask allows no key after its query."""
+    ([batch, t, d], the updated cache). ``causal``: the mask allows no key after its query.
+    ``prefill``: the new keys are written to ``cache`` and attended as in training (the mask
+    over them, not over the cache's slots)."""
     q_bthk, k_bsgk, v_bsgk = self.project_qkv(x_q_btd, x_kv_bsd, q_pos_bt, kv_pos_bs)
     if cache is not None:
       if k_bsgk is not None:
         cache = KVCache(write(cache.k, cache_index, k_bsgk), write(cache.v, cache_index, v_bsgk))
-      k_bsgk, v_bsgk = cache.k, cache.v
+      if not (prefill and k_bsgk is not None):
+        k_bsgk, v_bsgk = cache.k, cache.v
     out_bthk = self.ops.attention(q_bthk, k_bsgk, v_bsgk, mask_bhts, causal=causal,
                                   dropout_rate=self.cfg.dropout_rate, rng=fold(rng, 0))
     return self.project_out(out_bthk), cache

@@ -27,7 +27,9 @@ class SelfContext(NamedTuple):
   mask_bwd: jax.Array | None  # Mask of backward layers (mixed_attention="per_layer"), else None.
   causal: bool = False  # The masks allow no key after its query (the core skips those blocks).
   cache_index: jax.Array | int = 0  # With a KV cache: the slot of this call's first token (the
-  #   masks are then over the cache's slots).
+  #   masks are then over the cache's slots, unless ``prefill``).
+  prefill: bool = False  # With a KV cache: this call's tokens are its first; the masks are the
+  #   training ones over these tokens, attended by the training core (generation's prefill).
   valid_bt: jax.Array | None = None  # [batch, length] real (non-padding) tokens, for MoE loads.
 
 
@@ -74,7 +76,7 @@ class SelfAttentionBlock(nnx.Module):
     h = self.pre_attention_norm(x_btd)
     h, cache = self.attention(h, h, ctx.rope_bt, ctx.rope_bt, layer_mask(ctx, layer_idx),
                               causal=ctx.causal, rng=fold(rng, 1), cache=cache,
-                              cache_index=ctx.cache_index)
+                              cache_index=ctx.cache_index, prefill=ctx.prefill)
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 2))
     h = self.mlp(self.pre_mlp_norm(x_btd), ctx.valid_bt, rng=fold(rng, 3))
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 4))
@@ -104,7 +106,7 @@ class EncoderDecoderBlock(nnx.Module):
     h, self_cache = self.self_attention(h, h, ctx.rope_bt, ctx.rope_bt,
                                         layer_mask(ctx, layer_idx), causal=ctx.causal,
                                         rng=fold(rng, 1), cache=self_cache,
-                                        cache_index=ctx.cache_index)
+                                        cache_index=ctx.cache_index, prefill=ctx.prefill)
     x_btd = x_btd + dropout(h, self.rate, fold(rng, 2))
     h = self.pre_cross_attention_norm(x_btd)
     h, cross_cache = self.cross_attention(h, cross.encoded_bsd, ctx.rope_bt, cross.enc_rope_bs,

@@ -159,6 +159,12 @@ def splash_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array,
   return jnp.where((q_seg > 0)[:, :t, None, None], out[:, :t], 0).astype(q_bthk.dtype)
 
 
+# Whether a core attends rows whose padding comes first (generation's left-padded prompts):
+# splash masks by segment ids wherever they are; cuDNN counts lengths (and the packed layout's
+# offsets) from position 0, so a left-padded row would read its padding: such rows give NaN.
+SERVES_LEADING_PADDING = {"splash": True, "cudnn": False}
+
+
 def cudnn_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array, spec: MaskSpec, *,
                     max_segments_per_row: int = 1, soft_cap: float = 0.0,
                     implementation: str | None = "cudnn") -> jax.Array:
@@ -189,6 +195,7 @@ def cudnn_attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array, spe
       q_bthk, k_bsgk, v_bsgk, is_causal=spec.kind == "causal", query_seq_lengths=q_len,
       key_value_seq_lengths=kv_len, implementation=implementation)
   out = jnp.where((spec.q_segment_ids_bq > 0)[:, :, None, None], out, 0)
-  packed = ((jnp.max(spec.q_segment_ids_bq, axis=1) > 1)
-            | (jnp.max(spec.kv_segment_ids_bk, axis=1) > 1))  # Not one example per row.
-  return jnp.where(packed[:, None, None, None], jnp.nan, out).astype(q_bthk.dtype)
+  broken = jnp.zeros(q_len.shape, bool)
+  for seg in (spec.q_segment_ids_bq, spec.kv_segment_ids_bk):  # Not one example per row, or
+    broken |= (jnp.max(seg, axis=1) > 1) | ((seg[:, 0] == 0) & (jnp.max(seg, axis=1) > 0))
+  return jnp.where(broken[:, None, None, None], jnp.nan, out).astype(q_bthk.dtype)  # padding first.

@@ -15,11 +15,13 @@ interrupted table resumes where it stopped. Each row compiles in a child process
 run. ``--readme PAGE`` (the table's home: docs/pods.md) rewrites the page's block between
 ``<!-- tpu-table -->`` and ``<!-- /tpu-table -->``: rows with a result in ``--results`` are
 replaced or added, the block's other rows are kept (so a new slice or config is one more run).
+``--before PAGE`` (e.g. the page as the last commit has it) adds a table of the rows this run
+compiled beside the same rows of PAGE's block: setting, peak memory and roofline step, before
+and now.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import subprocess
@@ -48,25 +50,6 @@ PLACEHOLDERS = ["data.data_dir=gs://compile-only/corpus",
                 "data.vocab_path=gs://compile-only/spm.model",
                 "train.init_from=gs://compile-only/pretrained"]
 BEGIN, END = "<!-- tpu-table -->", "<!-- /tpu-table -->"
-
-
-def _setting(base: Config, r: dict[str, Any]) -> Config:
-  """``base`` with the remat policy, microbatches and mesh a stored result chose."""
-  cfg = copy.deepcopy(base)
-  cfg.model.remat_policy, cfg.train.microbatches = r["remat"], r["microbatches"]
-  for axis, size in r["mesh"].items():
-    if axis != "dcn":  # The slices: the topology's (mesh.slices=0 takes them).
-      setattr(cfg.mesh, axis, size)
-  return cfg
-
-
-def splash_variant(cfg: Config, chip: aot.Chip, devices) -> dict[str, Any]:
-  """The same setting with the splash kernel (no attention-probability dropout there)."""
-  cfg = copy.deepcopy(cfg)
-  cfg.model.attention_impl, cfg.model.dropout_rate = "splash", 0.0
-  r = aot.compile_report(cfg, devices, chip=chip, eval_step=False)
-  return {k: r[k] for k in ("train", "fits", "headroom", "step_s", "step_serial_s", "mfu",
-                            "mfu_serial", "compile_s")}
 
 
 def _rank(key: str) -> tuple[int, str]:
@@ -103,47 +86,56 @@ def markdown(results: dict[str, dict[str, Any]], keep: dict[str, str] | None = N
   return "\n".join(rows + _lines(results, keep or {}, _row))
 
 
-def _splash_row(name: str, topo: str, r: dict[str, Any]) -> str:
-  if "splash" not in r:
+COMPARED = "Before and now"  # Opens the block's second table (``--before``).
+
+
+def _cells(line: str) -> list[str]:
+  return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _compare_row(name: str, topo: str, r: dict[str, Any], before: dict[str, str]) -> str:
+  """One row of the before/now table: ``before[key]``, a main-table row, against ``r``."""
+  key = f"{name}@{topo}"
+  if key not in before:
     return ""
-  sp = r["splash"]
-  return (f"| {name} | {topo} | {r['microbatches']} | {r['remat']} | "
-          f"{r['train']['peak'] / aot.GiB:.1f} / {sp['train']['peak'] / aot.GiB:.1f} | "
-          f"{r['train']['temporaries'] / aot.GiB:.1f} / "
-          f"{sp['train']['temporaries'] / aot.GiB:.1f} | "
-          f"{r['step_s']:.2f}-{r['step_serial_s']:.2f} / "
-          f"{sp['step_s']:.2f}-{sp['step_serial_s']:.2f} |")
+  old = _cells(before[key])
+  return (f"| {name} | {topo} | {old[5]}/{old[4]} → {r['remat']}/{r['microbatches']} | "
+          f"{old[6].split('/')[0].strip()} → {r['train']['peak'] / aot.GiB:.1f} | "
+          f"{old[8]} → {r['step_s']:.2f}-{r['step_serial_s']:.2f} | "
+          f"{old[7]} → {r['headroom']:.0%} |")
 
 
-def splash_markdown(results: dict[str, dict[str, Any]], keep: dict[str, str] | None = None) -> str:
-  rows = ["| config | slice | micro-batches | remat | peak GiB per chip xla / splash | "
-          "temporaries GiB xla / splash | roofline step s xla / splash |",
-          "|---|---|---|---|---|---|---|"]
-  lines = _lines(results, keep or {}, _splash_row)
-  return "\n".join(rows + lines) if lines else ""
+def compare_markdown(results: dict[str, dict[str, Any]], before: dict[str, str]) -> str:
+  """The rows of ``results`` that ``before`` (main-table rows by ``config@slice``) has too."""
+  lines = _lines(results, {}, lambda n, t, r: _compare_row(n, t, r, before))
+  if not lines:
+    return ""
+  return "\n".join(["| config | slice | remat/micro-batches before → now | peak GiB per chip "
+                    "before → now | roofline step s before → now | headroom before → now |",
+                    "|---|---|---|---|---|---|"] + lines)
 
 
-def block_rows(block: str) -> tuple[dict[str, str], dict[str, str]]:
-  """The rows of a table block written before, keyed like results (``config@slice``): the main
-  table's and the splash table's. ``--readme`` keeps them unless this run has a result for them,
-  so a table grows slice by slice without recompiling what is already there."""
+def block_rows(block: str) -> tuple[dict[str, str], str]:
+  """The main table's rows of a block written before, keyed like results (``config@slice``),
+  and the block's text after it (the before/now table, kept as it was unless ``--before``).
+  ``--readme`` keeps the rows unless this run has a result for them, so a table grows slice
+  by slice without recompiling what is already there."""
   main: dict[str, str] = {}
-  splash: dict[str, str] = {}
-  target = main
-  for line in block.splitlines():
-    if line.startswith("Same settings"):
-      target = splash
-    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+  lines = block.splitlines()
+  for i, line in enumerate(lines):
+    if line.startswith((COMPARED, "Same settings")):
+      return main, "\n".join(lines[i:]).strip()
+    cells = _cells(line)
     if line.startswith("| ") and len(cells) > 2 and cells[0] != "config":
-      target[f"{cells[0]}@{cells[1]}"] = line
-  return main, splash
+      main[f"{cells[0]}@{cells[1]}"] = line
+  return main, ""
 
 
 def table_settings(page: str) -> dict[str, tuple[str, int]]:
   """``config@slice`` -> (remat, microbatches) of each main-table row in ``page``'s block."""
   if BEGIN not in page or END not in page:
     return {}
-  main, _ = block_rows(page.split(BEGIN, 1)[1].split(END, 1)[0])
+  main, _ = block_rows(_block(page))
   out = {}
   for key, line in main.items():
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -152,13 +144,23 @@ def table_settings(page: str) -> dict[str, tuple[str, int]]:
   return out
 
 
-def table(results: dict[str, dict[str, Any]], block: str = "") -> str:
-  """The markdown of ``results`` merged into the rows of ``block`` (a table written before)."""
-  keep_main, keep_splash = block_rows(block)
+def _block(page: str) -> str:
+  return page.split(BEGIN, 1)[1].split(END, 1)[0] if BEGIN in page and END in page else ""
+
+
+def table(results: dict[str, dict[str, Any]], block: str = "", before: str | None = None) -> str:
+  """The markdown of ``results`` merged into the rows of ``block`` (a table written before);
+  ``before`` (a page): with the table of this run's rows against that page's rows, else
+  ``block``'s before/now table as it was."""
+  keep_main, compared = block_rows(block)
   text = markdown(results, keep_main)
-  splash = splash_markdown(results, keep_splash)
-  if splash:
-    text += "\n\nSame settings with `model.attention_impl=splash`:\n\n" + splash
+  if before is not None:
+    rows = compare_markdown(results, block_rows(_block(before))[0])
+    compared = (f"{COMPARED}: the rows compiled by the last run beside the same rows of the "
+                f"table it replaced (setting, peak, roofline step, headroom):\n\n{rows}"
+                if rows else "")
+  if compared.startswith(COMPARED):  # An old table of another kind goes.
+    text += "\n\n" + compared
   return text
 
 
@@ -202,18 +204,12 @@ def _compile_in_process(args, shown: dict[str, tuple[str, int]],
     for name in args.configs:
       key = f"{name}@{topo}"
       base = _load(os.path.join(root, "configs", f"{name}.py"))
-      if key in results:  # Done; maybe still without its requested splash variant.
-        if name in args.splash_configs and "splash" not in results[key]:
-          print(f"{key} (splash):", flush=True)
-          results[key]["splash"] = splash_variant(_setting(base, results[key]), chip, devices)
-          results_path.write_text(json.dumps(results, indent=1, default=float))
+      if key in results:
         continue
       print(f"{key}:", flush=True)
-      report, chosen = search(base, chip, devices, log=lambda s: print(s, flush=True),
+      report, _ = search(base, chip, devices, log=lambda s: print(s, flush=True),
                               max_compiles=args.max_compiles,
                               candidates=_row_candidates(key, shown, candidates))
-      if name in args.splash_configs:
-        report["splash"] = splash_variant(chosen, chip, devices)
       report["compiled"] = provenance.stamp()  # Compile seconds depend on host and code.
       results[key] = _jsonable(report)
       results_path.parent.mkdir(parents=True, exist_ok=True)
@@ -227,8 +223,6 @@ def child_command(args, name: str, topo: str, candidates: list[tuple[str, int]])
          "--configs", name, "--results", args.results, "--max_compiles", str(args.max_compiles)]
   if candidates:
     cmd += ["--candidates"] + [f"{r}/{m}" for r, m in candidates]
-  if name in args.splash_configs:
-    cmd += ["--splash_configs", name]
   return cmd
 
 
@@ -242,7 +236,7 @@ def _compile_in_children(args, shown: dict[str, tuple[str, int]],
     for name in args.configs:
       key = f"{name}@{topo}"
       done = json.loads(results_path.read_text()) if results_path.exists() else {}
-      if key in done and (name not in args.splash_configs or "splash" in done[key]):
+      if key in done:
         continue
       rc = subprocess.run(child_command(args, name, topo, _row_candidates(key, shown, candidates)),
                           check=False).returncode
@@ -260,9 +254,6 @@ def main(argv: list[str] | None = None) -> int:
                   help="names under configs/ (default: the ten pretraining, fifteen "
                        "instruction-tuning and six mixture-of-experts paper configs; an MoE "
                        "config is compiled with " + " ".join(EXPERT_PARALLEL) + ")")
-  ap.add_argument("--splash_configs", nargs="*", default=[],
-                  help="configs also compiled with model.attention_impl=splash at the chosen "
-                       "setting (the xla-vs-splash table)")
   ap.add_argument("--results", default="runs/tpu_table.json")
   ap.add_argument("--max_compiles", type=int, default=8,
                   help="compiles per config and slice before giving up on a fitting setting")
@@ -281,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--markdown", default="")
   ap.add_argument("--readme", default="",
                   help="a page with a tpu-table block to rewrite (the table's home: docs/pods.md)")
+  ap.add_argument("--before", default="",
+                  help="with --readme: a page whose block holds the rows before this run (e.g. "
+                       "git show HEAD:docs/pods.md > before.md); the block gets a table of this "
+                       "run's rows beside those")
   cli.add_debug_argument(ap)
   args = ap.parse_args(argv)
   candidates = [_parse_candidate(c) for c in args.candidates]
@@ -304,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
       return 2
     head, rest = text.split(BEGIN, 1)
     block, tail = rest.split(END, 1)
-    readme.write_text(head + BEGIN + "\n" + table(chosen, block) + "\n" + END + tail)
+    before = epath.Path(args.before).read_text() if args.before else None
+    readme.write_text(head + BEGIN + "\n" + table(chosen, block, before) + "\n" + END + tail)
   if failed:
     print("not compiled (their rows are kept as they were): " + ", ".join(failed), file=sys.stderr)
     return 1

@@ -8,9 +8,10 @@ HLO text, and the roofline charges them to DCN bandwidth, apart from ICI (``aot.
 
 DCN bandwidth per chip (``DCN_BW``), the Cloud TPU system-architecture pages' figures:
 v5p "Data center network (DCN) bandwidth per chip: 50 Gbps"; v5e "data center network bandwidth
-per Pod 6.4 Tbps" (2 x 100 Gbps NICs per 8-chip host): 25 Gbps a chip; v6e 4 x 200 Gbps NICs per
-8-chip host: 100 Gbps a chip. v4 publishes no per-chip figure: no DCN term there (reported as
-unknown). They are link rates: a measured step sees less.
+per Pod 6.4 Tbps" (2 x 100 Gbps NICs per 8-chip host): 25 Gbps a chip; v6e "Data center network
+bandwidth per Pod 25.6 Tbps" (4 x 200 Gbps NICs per 8-chip host): 100 Gbps a chip. v4 publishes
+no per-chip figure: no DCN term there (reported as unknown). They are link rates: a measured
+step sees less.
 """
 from __future__ import annotations
 

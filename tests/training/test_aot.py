@@ -289,10 +289,27 @@ def test_tpu_table_merges_new_results_into_the_rows_already_written():
       "redllm_150m@v5p-128", "decllm_150m_flan@v5e-256", "decllm_150m_flan@v5p-128"]
   assert "20.0 / 95" in lines[0] and "40.0" not in new  # Replaced by the new result.
   assert "| 4 |" in lines[1] and "30.0 / 95" in lines[2]  # Added; kept.
-  # The splash table merges the same way.
-  with_splash = dict(_result(20.0), splash=_result(15.0))
-  both = tpu_table.table({"decllm_1b@v5p-128": with_splash}, block=new)
-  assert "20.0 / 15.0" in both.split("Same settings")[1] and "30.0 / 95" in both
+
+
+def test_tpu_table_before_sets_this_runs_rows_beside_the_old_ones():
+  """``--before PAGE``: a second table of the rows this run compiled beside PAGE's same rows
+  (setting, peak, step, headroom before and now), kept as it was by a run without it; the main
+  table's rows stay the merge of both."""
+  from t5like.tools import tpu_table
+  old = tpu_table.table({"redllm_150m@v5p-128": dict(_result(40.0, 2), step_s=0.3),
+                         "decllm_150m@v5p-128": _result(30.0)})
+  page = f"{tpu_table.BEGIN}\n{old}\n{tpu_table.END}\n"
+  new = tpu_table.table({"redllm_150m@v5p-128": _result(20.0),
+                         "decllm_1b@v5p-128": _result(50.0)}, block=old, before=page)
+  main, compared = new.split(tpu_table.COMPARED)
+  assert "20.0 / 95" in main and "30.0 / 95" in main and "50.0 / 95" in main
+  rows = [ln for ln in compared.splitlines() if ln.startswith("| ") and "config" not in ln]
+  assert rows == ["| redllm_150m | v5p-128 | full/2 → full/1 | 40.0 → 20.0 | 0.30-0.20 → "
+                  "0.10-0.20 | 58% → 79% |"]  # decllm_1b had no row before: none here.
+  again = tpu_table.table({"decllm_150m@v5p-128": _result(25.0)}, block=new)
+  assert again.split(tpu_table.COMPARED)[1] == compared and "25.0 / 95" in again
+  assert tpu_table.block_rows(again)[0].keys() == {
+      "redllm_150m@v5p-128", "decllm_150m@v5p-128", "decllm_1b@v5p-128"}
 
 
 def test_tpu_table_candidates_are_parsed_and_bad_ones_named():
@@ -307,10 +324,13 @@ def test_tpu_table_candidates_are_parsed_and_bad_ones_named():
 
 def test_tpu_table_from_table_reads_each_rows_setting():
   """``--from_table`` recompiles each row at the setting the page shows: the main table's
-  (remat, microbatches) per ``config@slice``, never the splash table's rows."""
+  (remat, microbatches) per ``config@slice``, never the before/now table's rows."""
   from t5like.tools import tpu_table
-  block = tpu_table.table({"decllm_1b@v5p-128": dict(_result(20.0, 2), splash=_result(15.0)),
+  block = tpu_table.table({"decllm_1b@v5p-128": _result(20.0, 2),
                            "redllm_150m@v5e-256": dict(_result(9.0, 1), remat="dots_no_batch")})
+  before = f"{tpu_table.BEGIN}\n{tpu_table.table({'decllm_1b@v5p-128': _result(9.0, 8)})}\n"
+  block = tpu_table.table({"decllm_1b@v5p-128": _result(20.0, 2)}, block, before + tpu_table.END)
+  assert "full/8 → full/2" in block.split(tpu_table.COMPARED)[1]
   page = f"intro\n{tpu_table.BEGIN}\n{block}\n{tpu_table.END}\nrest"
   assert tpu_table.table_settings(page) == {"decllm_1b@v5p-128": ("full", 2),
                                             "redllm_150m@v5e-256": ("dots_no_batch", 1)}
@@ -375,19 +395,17 @@ def test_tpu_table_child_command_compiles_one_row_in_process(tmp_path):
   flags are ones the tool parses."""
   from t5like.tools import tpu_table
   results = str(tmp_path / "r.json")
-  args = tpu_table.argparse.Namespace(results=results, max_compiles=3,
-                                      splash_configs=["decllm_1b"])
+  args = tpu_table.argparse.Namespace(results=results, max_compiles=3)
   cmd = tpu_table.child_command(args, "decllm_1b", "v5p-128", [("full", 4), ("full", 8)])
   assert cmd[1:] == ["-m", "t5like.tools.tpu_table", "--in_process", "--topologies", "v5p-128",
                      "--configs", "decllm_1b", "--results", results, "--max_compiles", "3",
-                     "--candidates", "full/4", "full/8", "--splash_configs", "decllm_1b"]
+                     "--candidates", "full/4", "full/8"]
   assert tpu_table.main(cmd[3:] + ["--report_only"]) == 0
 
 
 def test_tpu_table_compiles_moe_configs_expert_parallel():
   """An MoE paper config is compiled on its expert-parallel setting (an 8-way expert axis, the
-  capacity path), a dense one as it is; a stored result's mesh, expert axis included, is the one
-  the splash variant recompiles; MoE rows follow the dense tables' rows."""
+  capacity path), a dense one as it is; MoE rows follow the dense tables' rows."""
   from t5like.tools import tpu_table
   moe = tpu_table._load(os.path.join(REPO, "configs", "redllm_1b_moe.py"))  # pylint: disable=protected-access
   assert moe.mesh.expert == 8 and moe.model.moe.capacity_factor > 0
@@ -395,8 +413,6 @@ def test_tpu_table_compiles_moe_configs_expert_parallel():
   dense = tpu_table._load(os.path.join(REPO, "configs", "redllm_1b.py"))  # pylint: disable=protected-access
   assert dense.mesh.expert == 1 and dense.model.moe.num_experts == 0
   stored = dict(_result(20.0), mesh={"data": 1, "expert": 8, "fsdp": 8, "tensor": 1})
-  again = tpu_table._setting(moe, stored)  # pylint: disable=protected-access
-  assert (again.mesh.data, again.mesh.expert, again.mesh.fsdp) == (1, 8, 8)
   rows = tpu_table.table({"decllm_1b_moe@v5p-128": stored, "redllm_8b_flan@v5p-128": _result(9.0)})
   names = [ln.split("|")[1].strip() for ln in rows.splitlines()[2:]]
   assert names == ["redllm_8b_flan", "decllm_1b_moe"] and "expert8xfsdp8" in rows

@@ -136,6 +136,9 @@ def _main(argv: list[str]) -> int:
   if args.scale == "paper":
     from t5like.experiments import budget as cost
     tables = cost.default_tables(configs_dir()) if args.tpu_table is None else args.tpu_table
+    missing = [t for t in (args.tpu_table or []) if not cost.exists(t)]
+    if missing:  # Named by the user: a typo must not silently drop the costs.
+      raise UserError(f"--tpu_table: no such file: {', '.join(missing)} (a TPU table page such as docs/pods.md, or a results file of python -m t5like.tools.tpu_table)")
     table = cost.read_table(tables) if tables else None
     for name in names:
       print(f"# {name}")

@@ -73,6 +73,10 @@ def _json_rows(text: str) -> dict[str, Row]:
   return out
 
 
+def exists(path: str) -> bool:
+  return epath.Path(path).exists()
+
+
 def read_table(paths: list[str]) -> dict[str, Row]:
   """The rows of ``paths`` in order (a later one's rows replace an earlier one's); a path that
   does not exist is skipped."""

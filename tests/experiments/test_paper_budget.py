@@ -99,3 +99,10 @@ def test_the_shipped_table_prices_every_scaling_run_on_both_slices(capsys):
   for i in train:
     assert [line.split(" ")[3] for line in out[i + 1:i + 3]] == ["v5e-256", "v5p-128"], out[i]
   assert sum(line.startswith("# scaling on ") for line in out) == 2
+
+
+def test_a_named_table_that_does_not_exist_is_a_clear_error(tmp_path, capsys):
+  missing = str(tmp_path / "nope.md")
+  assert main(["mixed_attention", "--scale", "paper", "--tpu_table", missing]) == 2
+  err = capsys.readouterr().err
+  assert f"--tpu_table: no such file: {missing}" in err and "Traceback" not in err

@@ -23,7 +23,10 @@ SMALL = ["model.d_model=32", "model.num_heads=2", "model.head_dim=16", "model.d_
 def trained_runs(tmp_path_factory) -> dict[str, tuple[str, dict]]:
   """family -> (workdir, what ``t5like.training.run`` returned) for configs/tiny_<family>.py
   with ``SMALL``; never modify these workdirs (copy them first)."""
-  root = tmp_path_factory.getbasetemp().parent / "tiny_trained_runs"  # Shared by the workers.
+  base = tmp_path_factory.getbasetemp()
+  # Under xdist each worker's base is inside this run's own directory: share that one; a
+  # single process keeps its own (the parent would be shared with every later run).
+  root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tiny_trained_runs"
   root.mkdir(exist_ok=True)
   with open(root / "lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)

@@ -33,12 +33,15 @@ def parent(path: str) -> str:
 class AppendFile:
   """A text file that grows by appended lines, at a local path or a URI.
 
-  Object stores cannot append, so a URI file is read once, kept in memory and rewritten whole
-  (at most every ``every_s`` seconds, and on ``flush(force=True)`` / ``close``); a local file is
-  a plain append-mode file. Same interface as a text stream (``write``, ``flush``, ``close``).
+  Object stores cannot append, so a URI file is read once, kept in memory and rewritten whole:
+  the first line at once (the file shows up as soon as a run logs), later ones at most every
+  ``every_s`` seconds, and what is pending is written ``every_s`` after it came even if nothing
+  follows (a background timer), on ``flush(force=True)`` and on ``close``; a local file is a
+  plain append-mode file. Same interface as a text stream (``write``, ``flush``, ``close``).
   """
 
   def __init__(self, path: str, every_s: float = 30.0):
+    import threading
     import time
     self.path = path
     self._clock = time.monotonic
@@ -46,24 +49,47 @@ class AppendFile:
       p = epath.Path(path)
       self._text = [p.read_text()] if p.exists() else []
       self._local = None
-      self._every, self._last = every_s, self._clock()
+      self._every, self._last = every_s, float("-inf")
+      self._lock, self._timer, self._dirty = threading.Lock(), None, False
     else:
       self._local = open(path, "a")
 
   def write(self, text: str) -> int:
     if self._local is not None:
       return self._local.write(text)
-    self._text.append(text)
+    with self._lock:
+      self._text.append(text)
+      self._dirty = True
     return len(text)
 
   def flush(self, force: bool = False) -> None:
     if self._local is not None:
       self._local.flush()
-    elif force or self._clock() - self._last >= self._every:
-      epath.Path(self.path).write_text("".join(self._text))
-      self._last = self._clock()
+      return
+    import threading
+    with self._lock:
+      if not self._dirty:
+        return
+      wait = self._last + self._every - self._clock()
+      if force or wait <= 0:
+        epath.Path(self.path).write_text("".join(self._text))
+        self._last, self._dirty = self._clock(), False
+      elif self._timer is None:  # Written when the wait is over, even if nothing else comes.
+        self._timer = threading.Timer(wait, self._flush_later)
+        self._timer.daemon = True
+        self._timer.start()
+
+  def _flush_later(self) -> None:
+    with self._lock:
+      self._timer = None
+    self.flush(force=True)
 
   def close(self) -> None:
-    self.flush(force=True)
     if self._local is not None:
       self._local.close()
+      return
+    with self._lock:
+      if self._timer is not None:
+        self._timer.cancel()
+        self._timer = None
+    self.flush(force=True)

@@ -81,12 +81,26 @@ def test_logs_metrics_and_config_lookups_on_a_bucket(fake_bucket, tmp_path):
   events = sorted((fake_bucket / "bucket" / "run" / "tensorboard").glob("events.out.tfevents.*"))
   assert len(events) == 2 and all(b"loss" in e.read_bytes() for e in events)
 
+  train_log = fake_bucket / "bucket" / "run" / "train.log"
   log = paths.AppendFile("gs://bucket/run/train.log", every_s=3600)
   log.write("one\n")
-  log.flush()  # Rate-limited on a URI: nothing written yet ...
-  assert not (fake_bucket / "bucket" / "run" / "train.log").exists()
-  log.close()  # ... and everything at close.
-  assert (fake_bucket / "bucket" / "run" / "train.log").read_text() == "one\n"
+  log.flush()  # The first line goes out at once (a run's log shows up as it starts) ...
+  assert train_log.read_text() == "one\n"
+  log.write("two\n")
+  log.flush()  # ... the next ones are rate-limited on a URI ...
+  assert train_log.read_text() == "one\n"
+  log.close()  # ... and everything is written at close.
+  assert train_log.read_text() == "one\ntwo\n"
+  quiet = paths.AppendFile("gs://bucket/run/quiet.log", every_s=0.5)
+  quiet.write("first\n")
+  quiet.flush()
+  quiet.write("last line before a long quiet spell\n")
+  quiet.flush()  # Pending: the timer writes it even though nothing else is logged.
+  deadline = time.monotonic() + 120
+  while "quiet spell" not in (fake_bucket / "bucket" / "run" / "quiet.log").read_text():
+    assert time.monotonic() < deadline, "a pending line was never written out"
+    time.sleep(0.1)
+  quiet.close()
 
   # A real checkpoint's metadata under gs://: step discovery, config and integrity checks.
   cfg = tiny_config("decllm", steps=2)

@@ -8,6 +8,8 @@ Modules (import the one you need; none loads seqio or TensorFlow at import time)
   objectives    causal LM, prefix LM (middle/random split), instruction preprocessors.
   features      seqio feature converters + RedLLM continuous decoder positions.
   pipeline      make_iterator: sharded, deterministic, checkpointable numpy batches.
+  host_shards   how hosts share a part's files, on the fly and from a cache.
+  caching       seqio's offline cache of the tokenised corpora (built by tools/cache_data).
   validation    validation hold-out by document hash for parts without validation files.
   counts        record counts for mixing rates, cached next to the data.
   checks        start-up checks (layout, vocabulary size, validation data, shared TFDS).

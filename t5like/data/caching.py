@@ -15,9 +15,11 @@ NNNNN-of-MMMMM``, ``info.<split>.json``, ``stats.<split>.json``, ``COMPLETED``) 
 files, bad-record policy, hold-out) and what was counted while building it (records good and
 bad per split, FLAN's per-file good records for examples-proportional rates).
 
-Order: cache shard ``i`` holds exactly the examples of source file ``i``, in file order, and is
-read with the source's own interleave, so a cached pipeline yields the same batches as the
-on-the-fly one (same seed, any number of hosts, resumption included). `CorpusTask` reads it so.
+Order: source file ``i`` is cache shard ``i`` (a split with at least ``min_shards`` files), or
+shards ``i*m .. i*m+m-1`` with its record ``k`` in shard ``i*m + k mod m`` (fewer files: ``m =
+min_shards``, so that hosts read only their share, `host_shards`); it is read back in file order
+with the source's own interleave, so a cached pipeline yields the same batches as the on-the-fly
+one (same seed, any number of hosts, resumption included). `CorpusTask` reads it so.
 A missing or stale cache is an error (`CacheError`) naming the command that builds it.
 """
 from __future__ import annotations
@@ -84,10 +86,13 @@ class CorpusTask(seqio.Task):
     return super().preprocess_postcache(dataset, sequence_length=sequence_length, seed=seed)
 
   def _get_cached_source(self, split: str, file_shuffle_buffer_size: int | None = None):
+    from t5like.data import host_shards  # pylint: disable=g-import-not-at-top
+
     self.assert_cached()
     base = _file_source(self.source)
-    return seqio.dataset_providers._CachedDataSource(  # pylint: disable=protected-access
-        cache_dir=self.cache_dir, split=split, file_shuffle_buffer_size=file_shuffle_buffer_size,
+    per_file = (_CACHED.get(self.name) or {}).get("shards_per_file", {}).get(split, 1)
+    return host_shards.CachedSource(
+        cache_dir=self.cache_dir, split=split, per_file=per_file,
         cycle_length=base._cycle_length, block_length=base._block_length)  # pylint: disable=protected-access
 
 
@@ -236,19 +241,22 @@ class ShardResult:
   records: dict[str, int]  # Good and bad records read (RecordStats kinds).
   file_records: int | None  # FLAN: good records of the whole file (examples-proportional rates).
   features: dict[str, Any]  # seqio's cached feature info (shape, dtype).
-  path: str
+  paths: tuple[str, ...]  # Its cache shards (one, or ``min_shards`` for a split of few files).
 
 
 def shard_path(out_dir: str, split: str, index: int, num_shards: int) -> str:
   return f"{seqio.utils.get_cached_tfrecord_prefix(out_dir, split)}-{index:05d}-of-{num_shards:05d}"
 
 
-def cache_shard(task: seqio.Task, spec, split: str, index: int, output_dir: str) -> ShardResult:
-  """Tokenises source file ``index`` of ``task``'s ``split`` into its cache shard (written under
-  a temporary name, then renamed: a retried worker leaves no half file)."""
-  from t5like.data import counts, sources  # pylint: disable=g-import-not-at-top
+def cache_shard(task: seqio.Task, spec, split: str, index: int, output_dir: str,
+                min_shards: int = 1) -> ShardResult:
+  """Tokenises source file ``index`` of ``task``'s ``split`` into its cache shards (one, or
+  ``min_shards`` round robin if the split has fewer files; each written under a temporary name,
+  then renamed: a retried worker leaves no half file)."""
+  from t5like.data import counts, host_shards, sources  # pylint: disable=g-import-not-at-top
 
   files = task.source.list_shards(split)
+  per_file = host_shards.shards_per_file(len(files), min_shards)
   label = f"{task.name}@{files[index]}"
   stats = sources.reset_stats(label)
   ds = task.source.get_dataset(split=split, shuffle=False,
@@ -259,17 +267,20 @@ def cache_shard(task: seqio.Task, spec, split: str, index: int, output_dir: str)
                   "dtype": s.dtype.name} for k, s in ds.element_spec.items()}
   out_dir = os.path.join(output_dir, cache_name(task.name))
   tf.io.gfile.makedirs(out_dir)
-  path = shard_path(out_dir, split, index, len(files))
-  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+  paths = [shard_path(out_dir, split, index * per_file + r, len(files) * per_file)
+           for r in range(per_file)]
+  tmps = [f"{path}.tmp-{uuid.uuid4().hex}" for path in paths]
   n, tokens, longest = 0, dict.fromkeys(keys, 0), dict.fromkeys(keys, 0)
-  with tf.io.TFRecordWriter(tmp) as writer:
-    for ex in ds.as_numpy_iterator():
-      writer.write(seqio.dict_to_tfexample(ex).SerializeToString())
-      n += 1
-      for k in keys:
-        tokens[k] += len(ex[k])
-        longest[k] = max(longest[k], len(ex[k]))
-  tf.io.gfile.rename(tmp, path, overwrite=True)
+  writers = [tf.io.TFRecordWriter(tmp) for tmp in tmps]
+  for ex in ds.as_numpy_iterator():
+    writers[n % per_file].write(seqio.dict_to_tfexample(ex).SerializeToString())
+    n += 1
+    for k in keys:
+      tokens[k] += len(ex[k])
+      longest[k] = max(longest[k], len(ex[k]))
+  for writer, tmp, path in zip(writers, tmps, paths):
+    writer.close()
+    tf.io.gfile.rename(tmp, path, overwrite=True)
   file_records = None
   if spec.kind == "flan":
     reader = getattr(_file_source(task.source), "_reader", None)
@@ -277,7 +288,7 @@ def cache_shard(task: seqio.Task, spec, split: str, index: int, output_dir: str)
     file_records = (counts.count_records([files[index]], sources.FLAN_SCHEMA)[0] if capped
                     else stats.as_dict()["ok"])
   return ShardResult(task.name, split, index, n, tokens, longest, stats.as_dict(), file_records,
-                     features, path)
+                     features, tuple(paths))
 
 
 def _write_json(path: str, data: Any) -> None:
@@ -291,7 +302,7 @@ def finish_split(output_dir: str, task_name: str, split: str,
   shards = sorted(shards, key=lambda s: s.index)
   out_dir = os.path.join(output_dir, cache_name(task_name))
   _write_json(seqio.utils.get_cached_info_path(out_dir, split), {
-      "num_shards": len(shards), "features": shards[0].features,
+      "num_shards": sum(len(s.paths) for s in shards), "features": shards[0].features,
       "seqio_version": seqio.__version__})
   stats: dict[str, Any] = {"examples": sum(s.examples for s in shards)}
   for k in shards[0].tokens:
@@ -303,7 +314,7 @@ def finish_split(output_dir: str, task_name: str, split: str,
     for k, v in s.records.items():
       records[k] = records.get(k, 0) + v
   return {"split": split, "examples": stats["examples"], "records": records,
-          "file_records": [s.file_records for s in shards]}
+          "file_records": [s.file_records for s in shards], "per_file": len(shards[0].paths)}
 
 
 def finish_task(output_dir: str, task_name: str, ident: Mapping[str, Any],
@@ -315,6 +326,7 @@ def finish_task(output_dir: str, task_name: str, ident: Mapping[str, Any],
       "records": {s["split"]: s["records"] for s in splits},
       "examples": {s["split"]: s["examples"] for s in splits},
       "file_records": {s["split"]: s["file_records"] for s in splits},
+      "shards_per_file": {s["split"]: s.get("per_file", 1) for s in splits},
   })
   with tf.io.gfile.GFile(os.path.join(out_dir, COMPLETED), "w") as f:
     f.write("")
@@ -327,7 +339,7 @@ def work_items(task: seqio.Task) -> list[tuple[str, str, int]]:
           for i in range(len(task.source.list_shards(split)))]
 
 
-def build(spec, task_names: list[str], output_dir: str) -> list[str]:
+def build(spec, task_names: list[str], output_dir: str, min_shards: int = 1) -> list[str]:
   """Caches ``task_names`` (registered from ``spec``) here, one file after the other (what the
   Beam pipeline does in parallel); returns the task cache directories."""
   out = []
@@ -335,7 +347,8 @@ def build(spec, task_names: list[str], output_dir: str) -> list[str]:
     task = seqio.get_mixture_or_task(name)
     results: dict[str, list[ShardResult]] = {}
     for _, split, i in work_items(task):
-      results.setdefault(split, []).append(cache_shard(task, spec, split, i, output_dir))
+      results.setdefault(split, []).append(
+          cache_shard(task, spec, split, i, output_dir, min_shards))
     splits = [finish_split(output_dir, name, s, r) for s, r in results.items()]
     out.append(finish_task(output_dir, name, identity(spec, task), splits))
   return out

@@ -9,9 +9,10 @@
 Determinism: files, examples and mixing are shuffled with ``data.seed`` and tf.data keeps its
 deterministic order, so the same config, shard and seed give the same batches. Hosts read disjoint
 shards (``seqio.ShardInfo``): whole files when there are at least as many files as hosts, else
-every ``num_shards``-th example. Validation (``repeat=False``) reads each task of a mixture once,
-in task order, and pads the last batch with all-zero rows (segment 0, loss weight 0); the
-held-out loss reads instead a fixed sample of every part of a mixture (``held_out.py``).
+every ``num_shards``-th record of each file (`host_shards`). Validation (``repeat=False``) reads
+each task of a mixture once, in task order, and pads the last batch with all-zero rows (segment
+0, loss weight 0); the held-out loss reads instead a fixed sample of every part of a mixture
+(``held_out.py``).
 """
 from __future__ import annotations
 

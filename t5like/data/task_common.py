@@ -117,8 +117,10 @@ def jsonl_source(split_files: dict[str, list[str]], schema, spec: CorpusSpec, la
 
   reader = functools.partial(shard_reader.jsonl_dataset, schema=schema, policy=spec.bad_records,
                              label=label)
-  return seqio.FileDataSource(read_file_fn=reader, split_to_filepattern=split_files,
-                              caching_permitted=True)
+  from t5like.data import host_shards  # pylint: disable=g-import-not-at-top
+
+  return host_shards.JsonlSource(read_file_fn=reader, split_to_filepattern=split_files,
+                                 caching_permitted=True)
 
 
 def tfds_source(tfds_name: str, spec: CorpusSpec, splits: dict[str, str]):

@@ -12,7 +12,8 @@ Then train with ``--config.data.cache_dir=<output_dir>`` (the same ``data.*`` se
 Each Beam element is one source file of one split of one corpus part; a worker registers the
 corpus from its settings (`t5like.data.tasks.register`, no driver state), reads and checks the
 file's records, tokenises them with seqio's vocabulary (``task.preprocess_precache``) and writes
-them, in file order, as cache shard ``i`` (`t5like.data.caching`). Per split and per part the
+them, in file order, as cache shard ``i`` (or as ``--min_shards`` shards round robin in a split of
+fewer files, so that each host reads only its share: `t5like.data.host_shards`). Per split and per part the
 counts (examples, tokens, good and bad records, FLAN's per-file records for the mixing rates) are
 gathered into seqio's ``info``/``stats`` files and ``t5like_cache.json``; ``COMPLETED`` comes last.
 Parts already cached from the same data are kept (``--overwrite`` rebuilds them).
@@ -32,13 +33,16 @@ BEAM = ("Beam pipeline options (any other flag), e.g. --runner=DataflowRunner --
         "--num_workers=N --max_num_workers=N --experiments=use_runner_v2, or locally "
         "--direct_running_mode=multi_processing --direct_num_workers=N")
 CORPORA = ("embedded_flan", "embedded_redpajama", "flan", "redpajama")
+# seqio's cache_tasks_main default too; a multiple of every power-of-two host count up to 64
+# (v5p-128: 16 hosts, v5e-256: 64), so that each of them reads only its share of a small part.
+MIN_SHARDS = 64
 
 
 class _Worker:
   """What a Beam worker holds: the corpus settings, registered once per worker process."""
 
-  def __init__(self, spec, output_dir: str) -> None:
-    self.spec, self.output_dir = spec, output_dir
+  def __init__(self, spec, output_dir: str, min_shards: int) -> None:
+    self.spec, self.output_dir, self.min_shards = spec, output_dir, min_shards
 
   def task(self, name: str):
     import seqio  # pylint: disable=g-import-not-at-top
@@ -56,7 +60,8 @@ class _Worker:
     from t5like.data import caching  # pylint: disable=g-import-not-at-top
 
     name, split, index = item
-    result = caching.cache_shard(self.task(name), self.spec, split, index, self.output_dir)
+    result = caching.cache_shard(self.task(name), self.spec, split, index, self.output_dir,
+                                 self.min_shards)
     for key, n in [("examples", result.examples)] + sorted(result.records.items()):
       metrics.Metrics.counter(f"{caching.cache_name(name)}/{split}", key).inc(n)
     return result
@@ -87,8 +92,8 @@ def _existing(spec, task, output_dir: str, overwrite: bool) -> bool:
   return True
 
 
-def run(spec, output_dir: str, pipeline_args: Sequence[str], overwrite: bool = False
-        ) -> dict[str, Any]:
+def run(spec, output_dir: str, pipeline_args: Sequence[str], overwrite: bool = False,
+        min_shards: int = MIN_SHARDS) -> dict[str, Any]:
   """Builds the cache of every part of ``spec`` under ``output_dir``; returns a summary."""
   import apache_beam as beam  # pylint: disable=g-import-not-at-top
   import seqio  # pylint: disable=g-import-not-at-top
@@ -102,7 +107,7 @@ def run(spec, output_dir: str, pipeline_args: Sequence[str], overwrite: bool = F
                                             overwrite)]
   idents = {n: caching.identity(spec, seqio.get_mixture_or_task(n)) for n in todo}
   items = [w for n in todo for w in caching.work_items(seqio.get_mixture_or_task(n))]
-  worker = _Worker(spec, output_dir)
+  worker = _Worker(spec, output_dir, min_shards)
   if items:
     with beam.Pipeline(options=PipelineOptions(list(pipeline_args))) as p:
       splits = (p | "files" >> beam.Create(items) | "spread" >> beam.Reshuffle()
@@ -131,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument("--validation_dir", default="", help="RedPajama held-out root (cached too)")
   p.add_argument("--output_dir", required=True, help="the cache (data.cache_dir), any URI")
   p.add_argument("--overwrite", action="store_true", help="rebuild parts already cached")
+  p.add_argument("--min_shards", type=int, default=MIN_SHARDS, help=(
+      "a split with fewer source files is written as this many shards per file, so that any "
+      "host count dividing it reads only its share; give a multiple of the training run's host "
+      f"count (default {MIN_SHARDS}: every power of two up to 64 hosts; 1: shard i = file i)"))
   cli.add_debug_argument(p)
   args, rest = p.parse_known_args(sys.argv[1:] if argv is None else list(argv))
   overrides = cli.split_overrides(p, [a for a in rest if a.startswith("--config.")])
@@ -142,7 +151,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
   try:
     from t5like.data import tasks  # pylint: disable=g-import-not-at-top
     spec = tasks.cache_spec(args.corpus, args.data_dir, args.validation_dir, overrides)
-    summary = run(spec, args.output_dir, beam_args, overwrite=args.overwrite)
+    if args.min_shards < 1:
+      raise cli.UserError(f"--min_shards={args.min_shards}: give 1 or more")
+    summary = run(spec, args.output_dir, beam_args, overwrite=args.overwrite,
+                  min_shards=args.min_shards)
   except sources.LayoutError as e:
     raise SystemExit(f"cache_data: {e}") from None
   print(json.dumps(summary, indent=2, sort_keys=True))

@@ -1,6 +1,7 @@
 """Caches built on Beam (`python -m t5like.tools.cache_data`, the multi-process DirectRunner) on
-the embedded corpora: training from them yields exactly the on-the-fly batches (1 and 2 hosts,
-a resume mid-epoch); a cache of another vocabulary is refused. `make test-beam` (.venv-beam)."""
+the embedded corpora (1-2 files per split: 64 shards each, `--min_shards`' default): training from
+them yields exactly the on-the-fly batches (1 and 2 hosts, a resume mid-epoch); a cache of
+another vocabulary is refused. `make test-beam` (.venv-beam)."""
 import json
 import os
 
@@ -49,6 +50,11 @@ def test_beam_run_counts_records_and_keeps_a_complete_cache(rp_cache, capsys):
                                              "empty_text", "invalid_utf8"}
     stats = json.load(open(os.path.join(out, part, "stats.train.json")))
     assert stats["examples"] == info["examples"]["train"] and stats["targets_tokens"] > 0
+    # 1-2 source files per split: --min_shards' default, 64 shards each (round robin).
+    manifest = json.load(open(os.path.join(out, part, caching.MANIFEST)))
+    assert manifest["shards_per_file"] == {"train": 64, "validation": 64}
+    assert json.load(open(os.path.join(out, part, "info.train.json")))["num_shards"] == (
+        64 * len(manifest["identity"]["files"]["train"]))
   again = _cache(["--corpus", "embedded_redpajama", "--output_dir", out], capsys)
   assert again["built"] == [] and len(again["kept"]) == 3
 

@@ -36,7 +36,6 @@ from t5like.models.decllm import self_context
 from t5like.models.layers import COMPUTE_CAST, dtype
 from t5like.models.moe import route_dropless
 from t5like.models.rotary import rotary_table
-from t5like.ops import fused_attention
 
 
 class DecodeState(NamedTuple):
@@ -101,7 +100,7 @@ def decllm_prefill(model, tokens_bp, segment_ids_bp, positions_bp, slots: int):
   prefix_bp = segment_ids_bp if cfg.decoder_attention == "prefix" else None
   # The rows are left-padded: a fused core that cannot attend those (cuDNN) leaves the prefill
   # to the reference core.
-  serves = fused_attention.SERVES_LEADING_PADDING.get(ops.backend(cfg).attention_impl, True)
+  serves = ops.serves_leading_padding(cfg)
   ctx = self_context(cfg, segment_ids_bp, positions_bp, cfg.decoder_attention, prefix_bp,
                      materialize=not serves)
   ctx = ctx._replace(cache_index=0, prefill=True)

@@ -82,10 +82,19 @@ def _log_choice(core: str, reason: str) -> None:
   log.info("model.attention_impl='auto': %s (%s)", core, reason)
 
 
+def serves_leading_padding(cfg) -> bool:
+  """Whether ``cfg``'s attention core attends rows whose padding comes first (generation's
+  left-padded prompts): the reference core and splash do; cuDNN does not (its prefill runs on
+  the reference core)."""
+  from t5like.ops import fused_attention  # pylint: disable=g-import-not-at-top
+  return fused_attention.SERVES_LEADING_PADDING.get(resolve(cfg).attention_impl, True)
+
+
 def backend(cfg) -> Reference:
   """The operations of a ModelConfig (``attention_impl`` resolved for this process's default
   backend where ``resolve`` has not made it concrete)."""
   return Reference.of(resolve(cfg))
 
 
-__all__ = ["Reference", "Rotary", "backend", "choose_attention", "resolve"]
+__all__ = ["Reference", "Rotary", "backend", "choose_attention", "resolve",
+           "serves_leading_padding"]

@@ -24,6 +24,19 @@ def with_cache(cfg, cache_dir: str):
   return out
 
 
+def redpajama_config(redpajama_root, spm_path: str, mixture_rates: str):
+  """A validated Config reading the RedPajama fixture corpus (for module-scoped fixtures, where
+  the function-scoped ``make_cfg`` is not available)."""
+  from t5like.config import Config, apply_overrides
+  from t5like.data import vocab
+  cfg = Config()
+  apply_overrides(cfg, [f"data.vocab_path={spm_path}", "data.mixture=redpajama_v1",
+                        f"data.data_dir={redpajama_root[0]}", f"data.mixture_rates={mixture_rates}",
+                        f"data.validation_dir={redpajama_root[1]}",
+                        f"model.vocab_size={vocab.vocab_size(spm_path)}"])
+  return cfg.validate()
+
+
 def assert_cached_equals_on_the_fly(cfg, cache_dir: str, tmp_path, *, num_shards: int = 1,
                                     batches: int = 6, batch_size: int = 3) -> None:
   """Every host's batches from the cache == on the fly, and a cached iterator saved after

@@ -8,7 +8,7 @@ import os
 import pytest
 import seqio
 
-from cache_checks import assert_cached_equals_on_the_fly, take, with_cache
+from cache_checks import assert_cached_equals_on_the_fly, redpajama_config, take, with_cache
 from t5like.data import caching, counts, pipeline, tasks
 
 ONLY_3 = '{"c4": 0, "common_crawl": 0, "github": 0, "stackexchange": 0}'
@@ -89,15 +89,8 @@ def test_missing_or_incomplete_cache_is_one_error_naming_the_build_command(
 
 @pytest.fixture(scope="module")
 def rp_cache(tmp_path_factory, redpajama_root, spm_path):
-  from t5like.config import Config, apply_overrides
-  from t5like.data import vocab
-  cfg = Config()
-  apply_overrides(cfg, [f"data.vocab_path={spm_path}", "data.mixture=redpajama_v1",
-                        f"data.data_dir={redpajama_root[0]}", f"data.mixture_rates={ONLY_3}",
-                        f"data.validation_dir={redpajama_root[1]}",
-                        f"model.vocab_size={vocab.vocab_size(spm_path)}"])
   out = tmp_path_factory.mktemp("rp_cache")
-  dirs = _build(cfg.validate(), out)
+  dirs = _build(redpajama_config(redpajama_root, spm_path, ONLY_3), out)
   assert sorted(os.path.basename(d) for d in dirs) == [
       "redpajama_v1.arxiv", "redpajama_v1.book", "redpajama_v1.wikipedia"]
   return str(out)

@@ -8,7 +8,8 @@ import shutil
 import pytest
 import seqio
 
-from cache_checks import assert_cached_equals_on_the_fly, same, take, with_cache
+from cache_checks import (assert_cached_equals_on_the_fly, redpajama_config, same, take,
+                          with_cache)
 from t5like.data import caching, pipeline, tasks
 
 ONLY_ARXIV = '{"book": 0, "c4": 0, "common_crawl": 0, "github": 0, "stackexchange": 0, ' \
@@ -47,14 +48,8 @@ def test_fewer_files_than_hosts_every_host_keeps_every_nth_record_of_each_file(
 @pytest.fixture(scope="module")
 def split_cache(tmp_path_factory, redpajama_root, spm_path):
   """The arxiv part (2 train files) cached with min_shards=4: 4 shards per file."""
-  from t5like.config import Config, apply_overrides
-  from t5like.data import vocab
-  cfg = Config()
-  apply_overrides(cfg, [f"data.vocab_path={spm_path}", "data.mixture=redpajama_v1",
-                        f"data.data_dir={redpajama_root[0]}", f"data.mixture_rates={ONLY_ARXIV}",
-                        f"data.validation_dir={redpajama_root[1]}",
-                        f"model.vocab_size={vocab.vocab_size(spm_path)}"])
-  spec = tasks.spec_from_config(cfg.validate(), "redpajama_v1", "lm")
+  cfg = redpajama_config(redpajama_root, spm_path, ONLY_ARXIV)
+  spec = tasks.spec_from_config(cfg, "redpajama_v1", "lm")
   tasks.register(spec)
   out = tmp_path_factory.mktemp("split_cache")
   caching.build(spec, ["redpajama_v1.arxiv:lm"], str(out), min_shards=4)

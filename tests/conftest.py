@@ -27,6 +27,7 @@ def pytest_sessionfinish(session, exitstatus):
 LONGEST_FIRST = (
     "training/test_train_resume.py",  # 93
     "evaluation/test_checkpoint_eval.py",  # 90, trains the shared tiny runs (evaluation/conftest)
+    "training/test_train_embedded.py",  # 46: train.py learns the embedded corpus (DecLLM)
     "data/test_pipeline.py",  # 83
     "models/test_attention_kernels.py",  # 70
     "inference/test_generate.py",  # 69

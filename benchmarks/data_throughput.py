@@ -154,7 +154,8 @@ def _cache(cfg: Config, cache_dir: str, built: set) -> None:
     names = [n for n in seqio.TaskRegistry.names() if tasks.spec_of_task(n) == spec]
     kept = [n for n in names if os.path.exists(os.path.join(
         cache_dir, caching.cache_name(n), caching.COMPLETED))]
-    caching.build(spec, [n for n in names if n not in kept], cache_dir)
+    caching.build(spec, [n for n in names if n not in kept], cache_dir,
+                  min_shards=cache_data.MIN_SHARDS)  # The layout cache_data writes.
   built.add(corpus)
   print(f"cache of {corpus} ready in {time.time() - t:.0f}s", file=sys.stderr)
 

@@ -91,7 +91,7 @@ def test_logs_metrics_and_config_lookups_on_a_bucket(fake_bucket, tmp_path):
   assert train_log.read_text() == "one\n"
   log.close()  # ... and everything is written at close.
   assert train_log.read_text() == "one\ntwo\n"
-  quiet = paths.AppendFile("gs://bucket/run/quiet.log", every_s=0.5)
+  quiet = paths.AppendFile("gs://bucket/run/quiet.log", every_s=2.0)
   quiet.write("first\n")
   quiet.flush()
   quiet.write("last line before a long quiet spell\n")

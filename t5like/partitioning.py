@@ -158,9 +158,19 @@ def _slice_grid(ici: tuple[int, ...], devices: Sequence[jax.Device]) -> np.ndarr
   """One slice's devices laid out as ``ici``: ICI-aware on TPUs, row-major elsewhere."""
   from jax.experimental import mesh_utils
   try:
-    return mesh_utils.create_device_mesh(ici, devices=list(devices))
-  except Exception:  # Non-TPU topologies or unusual shapes: plain row-major order.
+    return _ici_aware(mesh_utils.create_device_mesh, ici, devices=list(devices))
+  except Exception:  # Non-TPU topologies: plain row-major order.
     return np.asarray(devices).reshape(ici)
+
+
+def _ici_aware(build, *args, **kwargs) -> np.ndarray:
+  """``build`` (a ``mesh_utils`` builder) over the slice's torus; where a logical axis is no
+  product of physical axes (an 8-way expert axis on a 4x4x4 v5p-128 or a 16x16 v5e-256) with the
+  physical axes split between logical ones, still neighbours on ICI rather than row-major order."""
+  try:
+    return build(*args, **kwargs)
+  except NotImplementedError:
+    return build(*args, allow_split_physical_axes=True, **kwargs)
 
 
 def _hybrid_grid(ici: tuple[int, ...], dcn: tuple[int, ...], devices: list, slices: int):
@@ -169,9 +179,10 @@ def _hybrid_grid(ici: tuple[int, ...], dcn: tuple[int, ...], devices: list, slic
   fake CPU devices of one process are split into ``slices`` consecutive groups (tests)."""
   from jax.experimental import mesh_utils
   if device_slices(devices) == slices:
-    return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+    return _ici_aware(mesh_utils.create_hybrid_device_mesh, ici, dcn, devices)
   if len({d.process_index for d in devices}) == slices:
-    return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True)
+    return _ici_aware(mesh_utils.create_hybrid_device_mesh, ici, dcn, devices,
+                      process_is_granule=True)
   if len({d.process_index for d in devices}) > 1:
     raise ConfigError(f"mesh.slices={slices}: the devices come from "
                       f"{len({d.process_index for d in devices})} processes and carry no "

@@ -69,3 +69,28 @@ def test_train_py_compile_only_for_slices_that_need_not_exist(tmp_path):
       [sys.executable, os.path.join(REPO, "train.py"), "--compile_only", "--num_slices", "2"],
       cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)
   assert bad.returncode == 2 and "--num_slices needs --topology" in bad.stderr
+
+
+@pytest.mark.aot
+@pytest.mark.parametrize("topology", ["v5p-128", "2xv5p-128"])
+def test_an_expert_axis_no_torus_axis_matches_gets_an_ici_aware_mesh(topology):
+  """An 8-way expert axis on v5p's 4x4x4 torus is no product of its axes: the mesh splits the
+  physical axes (jax's builders refuse otherwise; the multi-slice one, for the MoE rows of the
+  table, raised) instead of falling back to row-major order, and each DCN index is one slice."""
+  from jax.experimental import mesh_utils
+
+  from t5like import partitioning
+  from t5like.config.train import MeshConfig
+  from t5like.training import aot
+  _, devices = aot.topology_devices(topology)
+  mesh = partitioning.make_mesh(MeshConfig(expert=8), devices)
+  slices = partitioning.device_slices(devices)
+  assert dict(mesh.shape) == {"dcn": slices, "data": 1, "expert": 8, "fsdp": 8, "tensor": 1}
+  per = len(devices) // slices
+  for s in range(slices):
+    grid = mesh.devices[s]
+    assert {getattr(d, "slice_index", 0) for d in grid.flat} == {s}
+    split = mesh_utils.create_device_mesh((1, 8, 8, 1), devices=devices[s * per:(s + 1) * per],
+                                          allow_split_physical_axes=True)
+    assert [d.id for d in grid.flat] == [d.id for d in split.flat]
+    assert [d.id for d in grid.flat] != sorted(d.id for d in grid.flat)  # Not row-major.

@@ -381,6 +381,9 @@ def format_report(name: str, r: dict[str, Any]) -> str:
   if "step_s" in r:
     dcn_ = (f", DCN {_secs(r['dcn_s'])} ({r['dcn_bytes'] / 2**20:.3g} MiB/chip)" if "dcn_s" in r
             else ", DCN (no published bandwidth)" if "dcn_bytes" in r else "")
+    if r.get("dcn_traffic", {}).get("loops_uncounted"):
+      dcn_ += (f" (a lower bound: {r['dcn_traffic']['loops_uncounted']} loop(s) of unknown trip "
+               "count counted once)")
     lines.append(f"  roofline: compute {_secs(r['compute_s'])}, HBM {_secs(r['hbm_s'])}, ICI "
                  f"{_secs(r['ici_s'])}{dcn_} -> step {_secs(r['step_s'])} (overlapped) to "
                  f"{_secs(r['step_serial_s'])} (serial), MFU {r['mfu_serial']:.0%}-{r['mfu']:.0%}")

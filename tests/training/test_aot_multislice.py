@@ -23,9 +23,42 @@ HLO = """
 
 def test_megascale_bytes_reads_the_host_transfers_only():
   t = dcn.megascale_bytes(HLO)
-  assert t == {"send": 8 * 128 * 4, "recv": 64 * 2, "ops": 2}  # Not the -done ops, nor ICI.
+  assert t == {"send": 8 * 128 * 4, "recv": 64 * 2, "ops": 2,  # Not the -done ops, nor ICI.
+               "loops_uncounted": 0}
   assert dcn.dcn_seconds(t, "v5p") == pytest.approx(8 * 128 * 4 / (50e9 / 8))
   assert dcn.dcn_seconds(t, "v4") is None  # No published figure: no DCN term.
+
+
+LOOP = """
+%body (p: (s32[], f32[64])) -> (s32[], f32[64]) {
+  %p = (s32[], f32[64]) parameter(0)
+  %send.5 = (f32[64,128]{1,0}, u32[], token[]) send(%g, %t), frontend_attributes={_xla_megascale_target="1"}
+}
+
+%cond (q: (s32[], f32[64])) -> pred[] {
+  %q = (s32[], f32[64]) parameter(0)
+  %i = s32[] get-tuple-element(%q), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (x: f32[64]) -> f32[64] {
+  %one = s32[] constant(1)
+  %start = s32[]{:T(128)} copy(%one)
+  %init = (s32[], f32[64]) tuple(%start, %x)
+  %while.1 = (s32[], f32[64]) while(%init), condition=%cond, body=%body
+  %send.6 = (f32[16]{0}, u32[], token[]) send(%y, %t), frontend_attributes={_xla_megascale_target="1"}
+}
+"""
+
+
+def test_megascale_bytes_counts_a_loop_body_once_per_iteration():
+  """XLA reduces a scanned layer's gradients over DCN inside the backward loop (its first
+  iteration peeled off, the counter starting at 1): the body's bytes count 3 times here."""
+  t = dcn.megascale_bytes(LOOP)
+  assert t["send"] == 3 * 64 * 128 * 4 + 16 * 4 and t["ops"] == 2 and t["loops_uncounted"] == 0
+  unknown = dcn.megascale_bytes(LOOP.replace("constant(4)", "parameter(1)"))
+  assert unknown["send"] == 64 * 128 * 4 + 16 * 4 and unknown["loops_uncounted"] == 1
 
 
 def _tiny(dcn_axis: str):
@@ -51,6 +84,23 @@ def test_two_v5e_slices_charge_the_gradient_reduction_to_dcn():
   assert fsdp["mesh"]["dcn"] == 1 and fsdp["mesh"]["fsdp"] == 16
   # FSDP over DCN: the parameter all-gathers cross DCN too, every step.
   assert fsdp["dcn_traffic"]["send"] > dp["dcn_traffic"]["send"]
+
+
+@pytest.mark.aot
+@pytest.mark.timeout(1800)
+def test_dcn_bytes_of_a_scanned_model_are_its_gradient_shard():
+  """Data parallelism over two slices: each chip sends its f32 gradient shard over DCN once a
+  step (half to the peer, half back reduced) — layer by layer inside the backward scan, whose
+  iterations must all count (counted once, the bytes came out at half the shard)."""
+  from t5like.training import aot
+  chip, devices = aot.topology_devices("v5e-8", num_slices=2)
+  cfg = tiny_config("decllm", batch_size=32, length=128)
+  m = cfg.model
+  m.num_layers, m.d_model, m.d_ff, m.num_heads, m.head_dim = 4, 512, 1024, 4, 128
+  r = aot.compile_report(cfg.validate(), devices, chip=chip, eval_step=False)
+  shard = r["num_params"] * 4 / r["mesh"]["fsdp"]
+  assert r["dcn_traffic"]["loops_uncounted"] == 0
+  assert 0.95 * shard < r["dcn_traffic"]["send"] < 1.1 * shard
 
 
 @pytest.mark.aot

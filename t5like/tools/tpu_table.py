@@ -15,9 +15,9 @@ interrupted table resumes where it stopped. Each row compiles in a child process
 run. ``--readme PAGE`` (the table's home: docs/pods.md) rewrites the page's block between
 ``<!-- tpu-table -->`` and ``<!-- /tpu-table -->``: rows with a result in ``--results`` are
 replaced or added, the block's other rows are kept (so a new slice or config is one more run).
-``--before PAGE`` (e.g. the page as the last commit has it) adds a table of the rows this run
-compiled beside the same rows of PAGE's block: setting, peak memory and roofline step, before
-and now.
+``--before PAGE`` (e.g. the page as the last commit has it) sets the rows this run compiled
+beside the same rows of PAGE's block in a second table (setting, peak memory, roofline step,
+headroom, before and now), which keeps the rows of earlier runs the way the main table does.
 """
 from __future__ import annotations
 
@@ -105,9 +105,11 @@ def _compare_row(name: str, topo: str, r: dict[str, Any], before: dict[str, str]
           f"{old[7]} → {r['headroom']:.0%} |")
 
 
-def compare_markdown(results: dict[str, dict[str, Any]], before: dict[str, str]) -> str:
-  """The rows of ``results`` that ``before`` (main-table rows by ``config@slice``) has too."""
-  lines = _lines(results, {}, lambda n, t, r: _compare_row(n, t, r, before))
+def compare_markdown(results: dict[str, dict[str, Any]], before: dict[str, str],
+                     keep: dict[str, str] | None = None) -> str:
+  """The rows of ``results`` that ``before`` (main-table rows by ``config@slice``) has too,
+  merged into ``keep`` (the before/now rows an earlier run wrote)."""
+  lines = _lines(results, keep or {}, lambda n, t, r: _compare_row(n, t, r, before))
   if not lines:
     return ""
   return "\n".join(["| config | slice | remat/micro-batches before → now | peak GiB per chip "
@@ -154,11 +156,14 @@ def table(results: dict[str, dict[str, Any]], block: str = "", before: str | Non
   ``block``'s before/now table as it was."""
   keep_main, compared = block_rows(block)
   text = markdown(results, keep_main)
-  if before is not None:
-    rows = compare_markdown(results, block_rows(_block(before))[0])
-    compared = (f"{COMPARED}: the rows compiled by the last run beside the same rows of the "
-                f"table it replaced (setting, peak, roofline step, headroom):\n\n{rows}"
-                if rows else "")
+  if before is not None:  # Rows of earlier runs stay unless this one compiled them again.
+    kept = {} if not compared.startswith(COMPARED) else {
+        f"{c[0]}@{c[1]}": ln for ln in compared.splitlines()
+        if ln.startswith("| ") and (c := _cells(ln))[0] != "config"}
+    rows = compare_markdown(results, block_rows(_block(before))[0], kept)
+    compared = (f"{COMPARED}: each row as the run that last compiled it found it, beside the "
+                f"same row of the table that run was given as before (setting, peak, roofline "
+                f"step, headroom):\n\n{rows}" if rows else "")
   if compared.startswith(COMPARED):  # An old table of another kind goes.
     text += "\n\n" + compared
   return text

@@ -310,6 +310,18 @@ def test_tpu_table_before_sets_this_runs_rows_beside_the_old_ones():
   assert again.split(tpu_table.COMPARED)[1] == compared and "25.0 / 95" in again
   assert tpu_table.block_rows(again)[0].keys() == {
       "redllm_150m@v5p-128", "decllm_150m@v5p-128", "decllm_1b@v5p-128"}
+  # A later --before run adds its rows to the before/now table, keeps the ones it did not
+  # compile and replaces the ones it did.
+  def compared_rows(text):
+    return [ln for ln in text.split(tpu_table.COMPARED)[1].splitlines()
+            if ln.startswith("| ") and "config" not in ln]
+  later = tpu_table.table({"decllm_150m@v5p-128": _result(25.0)}, block=again, before=page)
+  rows = compared_rows(later)
+  assert [r.split("|")[1].strip() for r in rows] == ["decllm_150m", "redllm_150m"]
+  assert "30.0 → 25.0" in rows[0] and "40.0 → 20.0" in rows[1]
+  last = tpu_table.table({"redllm_150m@v5p-128": _result(10.0)}, block=later, before=page)
+  assert compared_rows(last) == [rows[0], rows[1].replace("→ 20.0", "→ 10.0").replace(
+      "→ 79%", "→ 89%")]
 
 
 def test_tpu_table_candidates_are_parsed_and_bad_ones_named():

@@ -52,7 +52,7 @@ def _computations(hlo_text: str) -> tuple[dict[str, dict[str, str]], str]:
     if head:
       current = comps.setdefault(head.group(2), {})
       entry = head.group(2) if head.group(1) else entry
-    elif current is not None and (m := _DEF.match(line)):
+    elif m := _DEF.match(line):
       current[m.group(1)] = m.group(2)
   return comps, entry
 

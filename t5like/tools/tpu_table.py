@@ -189,11 +189,9 @@ def _parse_candidate(text: str) -> tuple[str, int]:
   return remat, int(mb)
 
 
-def _row_candidates(key: str, shown: dict[str, tuple[str, int]],
-                    candidates: list[tuple[str, int]]) -> list[tuple[str, int]]:
-  """The settings to search for ``key``: the page's own first (``--from_table``), then the rest."""
-  first = [shown[key]] if key in shown else []
-  return first + [c for c in candidates or CANDIDATES if c not in first] if first else candidates
+def _row_first(key: str, shown: dict[str, tuple[str, int]]) -> tuple[str, int] | None:
+  """The setting to try first for ``key``: the page's own (``--from_table``), if any."""
+  return shown.get(key)
 
 
 def _compile_in_process(args, shown: dict[str, tuple[str, int]],
@@ -213,8 +211,8 @@ def _compile_in_process(args, shown: dict[str, tuple[str, int]],
         continue
       print(f"{key}:", flush=True)
       report, _ = search(base, chip, devices, log=lambda s: print(s, flush=True),
-                              max_compiles=args.max_compiles,
-                              candidates=_row_candidates(key, shown, candidates))
+                         max_compiles=args.max_compiles, candidates=candidates or None,
+                         first=_row_first(key, shown))
       report["compiled"] = provenance.stamp()  # Compile seconds depend on host and code.
       results[key] = _jsonable(report)
       results_path.parent.mkdir(parents=True, exist_ok=True)
@@ -222,12 +220,15 @@ def _compile_in_process(args, shown: dict[str, tuple[str, int]],
   return []
 
 
-def child_command(args, name: str, topo: str, candidates: list[tuple[str, int]]) -> list[str]:
+def child_command(args, name: str, topo: str, candidates: list[tuple[str, int]],
+                  first: tuple[str, int] | None = None) -> list[str]:
   """This tool, compiling one row in a process of its own (``--in_process``)."""
   cmd = [sys.executable, "-m", "t5like.tools.tpu_table", "--in_process", "--topologies", topo,
          "--configs", name, "--results", args.results, "--max_compiles", str(args.max_compiles)]
   if candidates:
     cmd += ["--candidates"] + [f"{r}/{m}" for r, m in candidates]
+  if first:
+    cmd += ["--first", f"{first[0]}/{first[1]}"]
   return cmd
 
 
@@ -243,7 +244,7 @@ def _compile_in_children(args, shown: dict[str, tuple[str, int]],
       done = json.loads(results_path.read_text()) if results_path.exists() else {}
       if key in done:
         continue
-      rc = subprocess.run(child_command(args, name, topo, _row_candidates(key, shown, candidates)),
+      rc = subprocess.run(child_command(args, name, topo, candidates, _row_first(key, shown)),
                           check=False).returncode
       if rc:
         why = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
@@ -265,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--candidates", nargs="*", default=[],
                   help="search only these settings, REMAT/MICROBATCHES in order (e.g. full/2), "
                        "e.g. a same-shaped config's result: decllm_prefix_* has decllm_*'s memory")
+  ap.add_argument("--first", default="", help="try this REMAT/MICROBATCHES before the others")
   ap.add_argument("--from_table", action="store_true",
                   help="with --readme: recompile each row at the setting its row in the page "
                        "shows (one compile per row; the search resumes only where that setting "
@@ -288,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     raise SystemExit("--from_table reads the rows of --readme's table: name the page")
   results_path = epath.Path(args.results)
   shown = table_settings(epath.Path(args.readme).read_text()) if args.from_table else {}
+  if args.first:  # One row's setting (a child of --from_table): tried before the search.
+    shown.update({f"{c}@{t}": _parse_candidate(args.first)
+                  for c in args.configs for t in args.topologies})
   compile_rows = _compile_in_process if args.in_process else _compile_in_children
   failed = [] if args.report_only else compile_rows(args, shown, candidates)
   results = json.loads(results_path.read_text()) if results_path.exists() else {}

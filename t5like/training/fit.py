@@ -5,11 +5,13 @@ Before the first step the run compiles its train and eval steps for the devices 
 
 - ``auto`` (the default on TPU and GPU): if the configured ``model.remat_policy`` /
   ``train.microbatches`` leave less than ``aot.HEADROOM`` (20 %) of the memory free, the
-  candidate settings the TPU table searches (``CANDIDATES``, in the order of their roofline
-  step time: least recomputation and fewest microbatches first) are compiled in turn and the
-  first that fits is taken; the choice and the rejected settings are logged. Every host takes
-  process 0's choice. The persistent compilation cache makes the search a one-time cost per config
-  and topology.
+  candidate settings the TPU table searches (``CANDIDATES``) are compiled in turn and the first
+  that fits is taken; the choice and the rejected settings are logged. On a TPU the candidates
+  go in order of their roofline step time predicted before compiling (``predicted_step_s``: the
+  chip's FLOPs and bandwidths against the config's FLOPs, recomputation and FSDP gathers), so
+  the first that fits is the fastest by that model; elsewhere in ``CANDIDATES``' order. Every
+  host takes process 0's choice. The persistent compilation cache makes the search a one-time
+  cost per config and topology.
 - ``check``: the same search, but a config that does not fit is an error naming the setting that
   would (``--config.model.remat_policy=... --config.train.microbatches=...``).
 - ``off``: trusts the config (the trainer still refuses a step that exceeds the memory).
@@ -32,11 +34,11 @@ from t5like.training import aot, compile_cache
 
 log = logging.getLogger("t5like.training")
 
-# (remat policy, microbatches) in order of predicted roofline step time: "dots_no_batch" keeps the
-# matmul outputs (no recomputed FLOPs), "full" recomputes the forward pass (MFU <= 3/4 of
-# compute-bound); each doubling of microbatches adds a pass of the FSDP all-gathers.
-CANDIDATES = [("dots_no_batch", 1), ("dots_no_batch", 2), ("full", 1), ("full", 2), ("full", 4),
-              ("full", 8), ("full", 16)]
+# (remat policy, microbatches). "dots_no_batch" keeps the matmul outputs (no recomputed FLOPs),
+# "full" recomputes the forward pass (MFU <= 3/4 of compute-bound); each doubling of microbatches
+# adds a pass of the FSDP all-gathers. Without a chip's figures they are tried in this order.
+CANDIDATES = [("dots_no_batch", 1), ("dots_no_batch", 2), ("full", 1), ("dots_no_batch", 4),
+              ("full", 2), ("dots_no_batch", 8), ("full", 4), ("full", 8), ("full", 16)]
 SKIP_ABOVE = 1.5  # Skip a candidate whose summed estimates exceed this multiple of the memory.
 
 
@@ -52,34 +54,71 @@ def candidate(base: Config, remat: str, microbatches: int, fsdp_split: int = 1) 
   return cfg
 
 
+# ``device_kind`` of real TPU chips -> ``aot.CHIPS`` ("TPU v5" is v5p, "TPU v5 lite" v5e).
+_KINDS = (("tpu v6", "v6e"), ("tpu v5 lite", "v5e"), ("tpu v5e", "v5e"), ("tpu v5", "v5p"),
+          ("tpu v4", "v4"))
+
+
+def chip_of(device: Any) -> aot.Chip | None:
+  """The figures of a real TPU device's chip; None for other devices."""
+  if device.platform != "tpu":
+    return None
+  kind = device.device_kind.lower()
+  return next((aot.CHIPS[c] for key, c in _KINDS if key in kind), None)
+
+
+def predicted_step_s(cfg: Config, setup: Any, chip: aot.Chip) -> float:
+  """The roofline step time before compiling: the middle of ``aot.roofline``'s bracket (perfect
+  to no overlap) without the compiled temporaries' HBM traffic, which only a compile knows."""
+  r = aot.roofline(cfg, setup, chip, chip.peak_flops, {"temporaries": 0})
+  return (r["step_s"] + r["step_serial_s"]) / 2
+
+
+def _queue(base: Config, chip: aot.Chip | None, devices: Sequence[Any], split: int, memory: float,
+           log, candidates: list[tuple[str, int]] | None, first: tuple[str, int] | None):
+  """The settings to compile on this mesh split, in order: ``first``, then ``candidates`` as
+  given, or ``CANDIDATES`` by predicted step time (listed order where ``chip`` is None); those
+  that cannot be built or whose estimates exceed ``SKIP_ABOVE`` x ``memory`` are logged and left
+  out. Returns ``(name, remat, microbatches, config, predicted seconds or None)`` tuples."""
+  from t5like import partitioning
+  from t5like.training import state as state_lib
+  rest = [c for c in candidates or CANDIDATES if c != first]
+  queue = []
+  for i, (remat, mb) in enumerate(([first] if first else []) + rest):
+    cfg = candidate(base, remat, mb, split)
+    if cfg is None:
+      continue
+    name = f"{remat}/mb{mb}" + (f"/tensor{split}" if split > 1 else "")
+    try:
+      mesh = partitioning.make_mesh(cfg.mesh, devices)
+      state_lib.check_batch_layout(cfg, mesh)
+      setup = state_lib.build_setup(cfg, mesh)
+    except ConfigError as e:
+      log(f"    skip {name}: {str(e)[:160]}")
+      continue
+    if memory and sum(aot.activation_estimates(cfg, setup).values()) > SKIP_ABOVE * memory:
+      log(f"    skip {name}: the estimates alone exceed {SKIP_ABOVE}x the memory")
+      continue
+    predicted = predicted_step_s(cfg, setup, chip) if chip else None
+    ordered = candidates is None and chip is not None and not (first and i == 0)
+    queue.append(((predicted if ordered else -1.0, i), (name, remat, mb, cfg, predicted)))
+  return [item for _, item in sorted(queue, key=lambda q: q[0])]
+
+
 def search(base: Config, chip: aot.Chip | None, devices: Sequence[Any], log=print,
            max_compiles: int = 8, candidates: list[tuple[str, int]] | None = None,
            splits: Sequence[int] = (1, 4), hbm_bytes: float = 0.0,
-           ) -> tuple[dict[str, Any], Config]:
-  """Compiles ``candidates`` (default ``CANDIDATES``) in order until one fits or
-  ``max_compiles`` were compiled; returns the report and config of the one that fits (or of the
-  last tried). ``hbm_bytes``: the memory per device (default: the chip's or the device's)."""
-  from t5like import partitioning
-  from t5like.training import state as state_lib
+           first: tuple[str, int] | None = None) -> tuple[dict[str, Any], Config]:
+  """Compiles settings in ``_queue``'s order until one fits or ``max_compiles`` were compiled,
+  on pure FSDP, then with ``splits``' tensor parallelism; returns the report and config of the
+  one that fits (or of the last tried). ``hbm_bytes``: the memory per device (default: the
+  chip's or the device's)."""
   memory = hbm_bytes or (chip.hbm_bytes if chip else aot.device_memory_limit(devices[0]))
   last: tuple[dict[str, Any], Config] | None = None
   tried = 0
   for split in splits:
-    for remat, mb in candidates or CANDIDATES:
-      cfg = candidate(base, remat, mb, split)
-      if cfg is None:
-        continue
-      name = f"{remat}/mb{mb}" + (f"/tensor{split}" if split > 1 else "")
-      try:
-        mesh = partitioning.make_mesh(cfg.mesh, devices)
-        state_lib.check_batch_layout(cfg, mesh)
-        setup = state_lib.build_setup(cfg, mesh)
-      except ConfigError as e:
-        log(f"    skip {name}: {str(e)[:160]}")
-        continue
-      if memory and sum(aot.activation_estimates(cfg, setup).values()) > SKIP_ABOVE * memory:
-        log(f"    skip {name}: the estimates alone exceed {SKIP_ABOVE}x the memory")
-        continue
+    for name, remat, mb, cfg, predicted in _queue(base, chip, devices, split, memory, log,
+                                                  candidates, first):
       try:
         report = aot.compile_report(cfg, devices, chip=chip, eval_step=False, hbm_bytes=memory)
       except ConfigError as e:
@@ -87,8 +126,9 @@ def search(base: Config, chip: aot.Chip | None, devices: Sequence[Any], log=prin
         continue
       tried += 1
       report.update(remat=remat, microbatches=mb)
-      log(f"    {name} mesh {report['mesh']}: peak {report['train']['peak'] / aot.GiB:.3g} GiB, "
-          f"fits={report['fits']}"
+      log(f"    {name} mesh {report['mesh']}"
+          + (f" (predicted step {predicted:.3g} s)" if predicted else "")
+          + f": peak {report['train']['peak'] / aot.GiB:.3g} GiB, fits={report['fits']}"
           + (f", MFU {report['mfu_serial']:.0%}-{report['mfu']:.0%}" if "mfu" in report else ""))
       last = report, cfg
       if report["fits"] or tried >= max_compiles:
@@ -131,6 +171,7 @@ def choose(cfg: Config, devices: Sequence[Any] | None = None, *, chip: aot.Chip 
   if mode == "off":
     return cfg, {"mode": "off"}
   budget = chip.hbm_bytes if chip else _budget(cfg)
+  chip = chip or chip_of(devices[0])  # A real TPU's figures: the search's order.
   if own is None:  # The configured setting's compile (``own``: done already).
     own = aot.compile_report(cfg, devices, chip=chip, eval_step=True, hbm_bytes=budget)
   decision = {"mode": mode, "budget_bytes": budget, "configured_peak": own["train"]["peak"],

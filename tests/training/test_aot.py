@@ -351,23 +351,22 @@ def test_tpu_table_from_table_reads_each_rows_setting():
 
 def test_tpu_table_from_table_tries_the_shown_setting_first(tmp_path, monkeypatch):
   """``--from_table``: the search of a row starts at the page's setting, then the usual order
-  (without it again); the page's row is rewritten from this run's result."""
+  (the search's own, without it again); the page's row is rewritten from this run's result."""
   from t5like.tools import tpu_table
   page = tmp_path / "pods.md"
   block = tpu_table.table({"decllm_1b@v5p-128": _result(20.0, 4)})
   page.write_text(f"{tpu_table.BEGIN}\n{block}\n{tpu_table.END}\n")
   tried = []
 
-  def search(base, chip, devices, log, max_compiles, candidates):
-    tried.extend(candidates)
+  def search(base, chip, devices, log, max_compiles, candidates, first):
+    tried.append((first, candidates))
     return dict(_result(33.0, 4), largest_consumer=("x", 1, "y")), base
   monkeypatch.setattr(tpu_table, "search", search)
   monkeypatch.setattr(aot, "topology_devices", lambda topo: (None, []))
   assert tpu_table.main(["--from_table", "--readme", str(page), "--topologies", "v5p-128",
                          "--configs", "decllm_1b", "--results", str(tmp_path / "r.json"),
                          "--in_process"]) == 0
-  assert tried[0] == ("full", 4) and tried.count(("full", 4)) == 1
-  assert tried[1:] == [c for c in tpu_table.CANDIDATES if c != ("full", 4)]
+  assert tried == [(("full", 4), None)]  # The shown setting first, then the search's order.
   assert "33.0 / 95" in page.read_text() and "20.0 / 95" not in page.read_text()
 
 
@@ -386,8 +385,8 @@ def test_tpu_table_survives_a_row_whose_compiler_crashes(tmp_path, monkeypatch, 
             f"open({str(results)!r}, 'w'))")
   calls = []
 
-  def child(args, name, topo, candidates):
-    calls.append((name, candidates[0]))
+  def child(args, name, topo, candidates, first):
+    calls.append((name, first))
     if name == "decllm_1b":
       return [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
     return [sys.executable, "-c", writes]
@@ -408,10 +407,11 @@ def test_tpu_table_child_command_compiles_one_row_in_process(tmp_path):
   from t5like.tools import tpu_table
   results = str(tmp_path / "r.json")
   args = tpu_table.argparse.Namespace(results=results, max_compiles=3)
-  cmd = tpu_table.child_command(args, "decllm_1b", "v5p-128", [("full", 4), ("full", 8)])
+  cmd = tpu_table.child_command(args, "decllm_1b", "v5p-128", [("full", 4), ("full", 8)],
+                                ("dots_no_batch", 2))
   assert cmd[1:] == ["-m", "t5like.tools.tpu_table", "--in_process", "--topologies", "v5p-128",
                      "--configs", "decllm_1b", "--results", results, "--max_compiles", "3",
-                     "--candidates", "full/4", "full/8"]
+                     "--candidates", "full/4", "full/8", "--first", "dots_no_batch/2"]
   assert tpu_table.main(cmd[3:] + ["--report_only"]) == 0
 
 

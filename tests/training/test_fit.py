@@ -1,16 +1,19 @@
 """``train.fit`` on CPU with a small memory budget the trainer is told to respect
 (``train.fit_budget_gib``): ``auto`` takes the first candidate remat/microbatch setting that leaves
-20 % free and trains with it, ``check`` fails naming that setting, ``off`` trusts the config."""
+20 % free and trains with it, ``check`` fails naming that setting, ``off`` trusts the config. On a
+TPU the candidates go in order of predicted step time (checked with a chip's figures on fake
+devices)."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
 from t5like.config import ConfigError
 from t5like.training import aot, checkpointing, fit, loop
 from t5like.training.data import SyntheticData
-from train_helpers import tiny_config
+from train_helpers import run_script, tiny_config
 
 BUDGET_GIB = 9 * 2**20 / 2**30  # 9 MiB a device: the configured step needs about twice that.
 
@@ -71,3 +74,72 @@ def test_check_names_the_setting_and_off_trusts_the_config(decision, tmp_path):
   assert loop.run(cfg, str(tmp_path / "off"), data=SyntheticData(cfg))["step"] == 2
   with pytest.raises(ConfigError, match="train.fit"):
     copy.deepcopy(cfg).train.__class__(fit="sometimes").validate()
+
+
+def test_tpu_device_kinds_map_to_their_chips():
+  """A real run's devices give the search its chip's figures by ``device_kind``."""
+  class Device:  # pylint: disable=too-few-public-methods
+    def __init__(self, platform, kind):
+      self.platform, self.device_kind = platform, kind
+  kinds = {"TPU v5 lite": "v5e", "TPU v5": "v5p", "TPU v5p": "v5p", "TPU v6 lite": "v6e",
+           "TPU v4": "v4"}
+  assert {k: fit.chip_of(Device("tpu", k)).name for k in kinds} == kinds
+  assert fit.chip_of(Device("gpu", "NVIDIA H200")) is None
+  assert fit.chip_of(Device("tpu", "TPU v99")) is None
+
+
+ORDER = """
+import json
+from t5like import partitioning
+from t5like.training import aot, fit
+from t5like.training import state as state_lib
+from train_helpers import tiny_config
+
+cfg = tiny_config("decllm", batch_size=32, length=64)
+compiled = []
+
+def compile_report(cfg, devices, chip=None, eval_step=True, hbm_bytes=0.0):
+  setting = (cfg.model.remat_policy, cfg.train.microbatches)
+  compiled.append("%s/%d" % setting)  # Fits: full remat, or dots_no_batch from 4 microbatches.
+  return {"fits": setting[0] == "full" or setting[1] >= 4, "train": {"peak": 1.0},
+          "mesh": {"fsdp": 4}}
+aot.compile_report = compile_report
+
+def chip(peak, ici):  # hbm_bw: the state's traffic is the same for every candidate anyway.
+  return aot.Chip("test", 2.0**40, peak, 1e30, ici, 1, 2)
+
+out = {}
+for name, c in [("compute_bound", chip(1e9, 1e30)), ("gather_bound", chip(1e30, 1.0)),
+                ("no_chip", None)]:
+  compiled.clear()
+  _, chosen = fit.search(cfg, c, aot.jax.devices(), log=lambda s: None, splits=(1,),
+                         hbm_bytes=2.0**40, max_compiles=20)
+  out[name] = {"compiled": list(compiled),
+               "chosen": "%s/%d" % (chosen.model.remat_policy, chosen.train.microbatches)}
+  if c is not None:
+    out[name]["predicted"] = {
+        "%s/%d" % k: fit.predicted_step_s(v, state_lib.build_setup(
+            v, partitioning.make_mesh(v.mesh, aot.jax.devices())), c)
+        for k in fit.CANDIDATES if (v := fit.candidate(cfg, *k)) is not None}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_on_a_tpu_candidates_go_in_order_of_predicted_step_time():
+  """With the chip's figures, the search compiles the candidates fastest-predicted first and takes
+  the first that fits, so the fastest that fits by the roofline: compute-bound, ``dots_no_batch``
+  at 4 microbatches (no recomputed forward pass) before ``full`` at 1, which is never compiled;
+  bound by the FSDP gathers (fewest microbatches first), ``full/1`` before ``dots_no_batch/2``.
+  Without figures (GPU, CPU): ``CANDIDATES``' own order. 4 fake devices: FSDP gathers exist."""
+  proc = run_script(ORDER, devices=4)
+  out = json.loads(proc.stdout.split("RESULT ")[1])
+  for name in ("compute_bound", "gather_bound"):
+    predicted = out[name]["predicted"]
+    assert out[name]["compiled"] == sorted(out[name]["compiled"], key=predicted.get)
+  assert out["compute_bound"]["compiled"] == ["dots_no_batch/1", "dots_no_batch/2",
+                                              "dots_no_batch/4"]
+  assert out["compute_bound"]["chosen"] == "dots_no_batch/4"
+  assert out["gather_bound"]["compiled"] == ["dots_no_batch/1", "full/1"]
+  assert out["gather_bound"]["chosen"] == "full/1"
+  assert out["no_chip"]["compiled"] == ["dots_no_batch/1", "dots_no_batch/2", "full/1"]
+  assert out["no_chip"]["chosen"] == "full/1"

@@ -6,9 +6,9 @@ Usage (needs libtpu: ``pip install -e '.[tpu]'``, or ``make tpu-table``)::
   python -m t5like.tools.tpu_table --topologies v5p-128 v5e-256 \
       --results runs/tpu_table.json [--markdown TABLE.md] [--readme docs/pods.md]
 
-For each config and slice it compiles candidate settings in order of predicted MFU (fewest
-microbatches and least recomputation first) and keeps the first that fits with the headroom
-``aot.HEADROOM``. Candidates that the per-device estimates already put far over the chip's HBM
+For each config and slice it compiles candidate settings in ``train.fit``'s order (by the roofline
+step predicted before compiling, ``fit.predicted_step_s``) and keeps the first that fits with the
+headroom ``aot.HEADROOM``. Candidates that the per-device estimates already put far over the chip's HBM
 are skipped without compiling. Results are appended to ``--results`` after each compile, so an
 interrupted table resumes where it stopped. Each row compiles in a child process of its own
 (``--in_process``: in this one), so a compiler crash costs its row, named at the end, not the

@@ -255,7 +255,9 @@ def _compile_in_children(args, shown: dict[str, tuple[str, int]],
 
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--topologies", nargs="+", default=["v5p-128", "v5e-256"])
+  ap.add_argument("--topologies", nargs="+", default=None,
+                  help="slices to compile (default: v5p-128 v5e-256) and to render (default: "
+                       "every slice --results holds, e.g. 2xv5p-128 rows of an earlier run)")
   ap.add_argument("--configs", nargs="+", default=PRETRAIN + FINETUNE + MOE,
                   help="names under configs/ (default: the ten pretraining, fifteen "
                        "instruction-tuning and six mixture-of-experts paper configs; an MoE "
@@ -285,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                        "run's rows beside those")
   cli.add_debug_argument(ap)
   args = ap.parse_args(argv)
+  render_all = args.topologies is None
+  args.topologies = args.topologies or ["v5p-128", "v5e-256"]
   candidates = [_parse_candidate(c) for c in args.candidates]
   if args.from_table and not args.readme:
     raise SystemExit("--from_table reads the rows of --readme's table: name the page")
@@ -297,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
   failed = [] if args.report_only else compile_rows(args, shown, candidates)
   results = json.loads(results_path.read_text()) if results_path.exists() else {}
   chosen = {k: v for k, v in results.items()
-             if k.split("@")[1] in args.topologies and k.split("@")[0] in args.configs}
+             if (render_all or k.split("@")[1] in args.topologies)
+             and k.split("@")[0] in args.configs}
   print(table(chosen))
   if args.markdown:
     epath.Path(args.markdown).write_text(table(chosen) + "\n")

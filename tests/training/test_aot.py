@@ -3,6 +3,7 @@ CPU devices, the memory check that stops a run before its first step, and — wi
 (``make test-aot``) — compiles for TPU topologies that do not exist here."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -289,6 +290,25 @@ def test_tpu_table_merges_new_results_into_the_rows_already_written():
       "redllm_150m@v5p-128", "decllm_150m_flan@v5e-256", "decllm_150m_flan@v5p-128"]
   assert "20.0 / 95" in lines[0] and "40.0" not in new  # Replaced by the new result.
   assert "| 4 |" in lines[1] and "30.0 / 95" in lines[2]  # Added; kept.
+
+
+def test_tpu_table_renders_every_slice_its_results_hold(tmp_path):
+  """Without ``--topologies`` a render shows each row of ``--results``, multi-slice ones too (a
+  render that dropped a run's 2xv5p-128 rows left a page describing rows it did not hold);
+  ``--topologies`` narrows it."""
+  from t5like.tools import tpu_table
+  results = tmp_path / "r.json"
+  results.write_text(json.dumps({"decllm_8b@2xv5p-128": dict(_result(61.0, 2),
+                                                              largest_consumer=["x", 1, "y"]),
+                                 "decllm_8b@v5p-128": dict(_result(50.0, 4),
+                                                           largest_consumer=["x", 1, "y"])}))
+  page = tmp_path / "pods.md"
+  for topologies, shown in (([], ["2xv5p-128", "v5p-128"]), (["v5p-128"], ["v5p-128"])):
+    page.write_text(f"{tpu_table.BEGIN}\n{tpu_table.END}\n")
+    argv = ["--report_only", "--results", str(results), "--readme", str(page)]
+    assert tpu_table.main(argv + (["--topologies"] + topologies if topologies else [])) == 0
+    assert sorted(tpu_table.block_rows(tpu_table._block(page.read_text()))[0]) == [  # pylint: disable=protected-access
+        f"decllm_8b@{t}" for t in shown]
 
 
 def test_tpu_table_before_sets_this_runs_rows_beside_the_old_ones():

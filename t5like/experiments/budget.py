@@ -134,8 +134,8 @@ def run_lines(path: str, overrides: list[str], rows: dict[str, Row],
     r, chips = rows[f"{name}@{topo}"], slice_chips(topo)
     wall = [cfg.train.steps * s / 3600 for s in r.step_s]
     chip_hours = [h * chips for h in wall]
-    total = totals.setdefault(topo, [0.0, 0.0])
-    total[0], total[1] = total[0] + chip_hours[0], total[1] + chip_hours[1]
+    total = totals.setdefault(topo, [0.0, 0.0, 0])
+    total[0], total[1], total[2] = total[0] + chip_hours[0], total[1] + chip_hours[1], total[2] + 1
     lines.append(
         f"#   {topo} ({chips} chips): train.fit=auto takes model.remat_policy={r.remat} "
         f"train.microbatches={r.microbatches} (mesh {r.mesh}); roofline step "
@@ -146,13 +146,14 @@ def run_lines(path: str, overrides: list[str], rows: dict[str, Row],
 
 
 def total_lines(name: str, runs: int, totals: dict[str, list[float]]) -> list[str]:
-  """The study's chip-hours per slice (every run of it on that slice, one after another)."""
+  """The study's chip-hours per slice (its runs with a row there, one after another)."""
   lines = []
-  for topo, (lo, hi) in sorted(totals.items()):
+  for topo, (lo, hi, priced) in sorted(totals.items()):
     chips = slice_chips(topo)
+    which = (f"{runs} runs' training steps" if priced == runs else
+             f"training steps of {priced} of its {runs} runs (the others have no table row there)")
     lines.append(f"# {name} on {topo}: {_hours(lo)}-{_hours(hi)} chip-hours "
-                 f"({lo / chips / 24:,.1f}-{hi / chips / 24:,.1f} days of one {topo}), "
-                 f"{runs} runs' training steps")
+                 f"({lo / chips / 24:,.1f}-{hi / chips / 24:,.1f} days of one {topo}), {which}")
   return lines
 
 

@@ -91,14 +91,28 @@ def test_a_run_off_the_table_gets_the_command_for_its_figures(tmp_path, capsys):
 
 
 def test_the_shipped_table_prices_every_scaling_run_on_both_slices(capsys):
-  """docs/pods.md (the default source) has a fitting row of every paper pretraining config."""
+  """docs/pods.md (the default source) has a fitting row of every paper pretraining config on
+  v5e-256 and v5p-128, and of the 8B ones on several slices; a slice's total says how many of
+  the study's runs it counts."""
   out = _paper(capsys, "scaling", "--tpu_table", os.path.join(
       os.path.dirname(configs_dir()), "docs", "pods.md"))
   train = [i for i, line in enumerate(out) if line.startswith("python train.py")]
   assert len(train) == 10
   for i in train:
-    assert [line.split(" ")[3] for line in out[i + 1:i + 3]] == ["v5e-256", "v5p-128"], out[i]
-  assert sum(line.startswith("# scaling on ") for line in out) == 2
+    slices = []
+    for line in out[i + 1:]:
+      if not line.startswith("#   "):
+        break
+      slices.append(line.split(" ")[3])
+    expected = ["v5e-256", "v5p-128"]
+    if "_8b.py" in out[i]:
+      expected = ["2xv5p-128", "4xv5e-256"] + expected
+    assert slices == expected, out[i]
+  totals = {line.split(" ")[3].rstrip(":"): line for line in out if line.startswith("# scaling on ")}
+  assert sorted(totals) == ["2xv5p-128", "4xv5e-256", "v5e-256", "v5p-128"]
+  assert totals["v5p-128"].endswith(" 10 runs' training steps")
+  assert totals["2xv5p-128"].endswith("training steps of 2 of its 10 runs (the others have no "
+                                      "table row there)")
 
 
 def test_a_named_table_that_does_not_exist_is_a_clear_error(tmp_path, capsys):

@@ -89,7 +89,8 @@ class TrainConfig:
   #   from step START to step STOP, written under <workdir>/profile (TensorBoard's profile tab;
   #   Perfetto). "" = off. E.g. "10:13" traces three steps after compilation and warm-up.
   fit: str = ""  # Before the first step: "auto" takes the first candidate remat/microbatch
-  #   setting that leaves 20 % of the memory free when the configured one does not (logged);
+  #   setting that leaves 20 % of the memory free when the configured one does not, or on a TPU
+  #   one predicted faster that does (logged);
   #   "check" fails naming that setting; "off" trusts the config; "" = auto on TPU/GPU, off on
   #   CPU (t5like/training/fit.py, docs/pods.md).
   fit_budget_gib: float = 0.0  # Memory per device train.fit must fit in; 0 = the device's own.

@@ -9,8 +9,10 @@ Before the first step the run compiles its train and eval steps for the devices 
   that fits is taken; the choice and the rejected settings are logged. On a TPU the candidates
   go in order of their roofline step time predicted before compiling (``predicted_step_s``: the
   chip's FLOPs and bandwidths against the config's FLOPs, recomputation and FSDP gathers), so
-  the first that fits is the fastest by that model; elsewhere in ``CANDIDATES``' order. Every
-  host takes process 0's choice. The persistent compilation cache makes the search a one-time
+  the first that fits is the fastest by that model; elsewhere in ``CANDIDATES``' order. On a TPU
+  a configured setting that fits is also replaced by the first candidate predicted faster that
+  fits (the shipped configs' ``full`` remat where ``dots_no_batch`` with more microbatches fits);
+  ``off`` keeps it. Every host takes process 0's choice. The persistent compilation cache makes the search a one-time
   cost per config and topology.
 - ``check``: the same search, but a config that does not fit is an error naming the setting that
   would (``--config.model.remat_policy=... --config.train.microbatches=...``).
@@ -75,11 +77,13 @@ def predicted_step_s(cfg: Config, setup: Any, chip: aot.Chip) -> float:
 
 
 def _queue(base: Config, chip: aot.Chip | None, devices: Sequence[Any], split: int, memory: float,
-           log, candidates: list[tuple[str, int]] | None, first: tuple[str, int] | None):
+           log, candidates: list[tuple[str, int]] | None, first: tuple[str, int] | None,
+           faster_than: float = 0.0):
   """The settings to compile on this mesh split, in order: ``first``, then ``candidates`` as
   given, or ``CANDIDATES`` by predicted step time (listed order where ``chip`` is None); those
   that cannot be built or whose estimates exceed ``SKIP_ABOVE`` x ``memory`` are logged and left
-  out. Returns ``(name, remat, microbatches, config, predicted seconds or None)`` tuples."""
+  out, and with ``faster_than`` those not predicted faster than that. Returns ``(name, remat,
+  microbatches, config, predicted seconds or None)`` tuples."""
   from t5like import partitioning
   from t5like.training import state as state_lib
   rest = [c for c in candidates or CANDIDATES if c != first]
@@ -100,6 +104,8 @@ def _queue(base: Config, chip: aot.Chip | None, devices: Sequence[Any], split: i
       log(f"    skip {name}: the estimates alone exceed {SKIP_ABOVE}x the memory")
       continue
     predicted = predicted_step_s(cfg, setup, chip) if chip else None
+    if faster_than and (predicted is None or predicted >= faster_than):
+      continue
     ordered = candidates is None and chip is not None and not (first and i == 0)
     queue.append(((predicted if ordered else -1.0, i), (name, remat, mb, cfg, predicted)))
   return [item for _, item in sorted(queue, key=lambda q: q[0])]
@@ -108,17 +114,18 @@ def _queue(base: Config, chip: aot.Chip | None, devices: Sequence[Any], split: i
 def search(base: Config, chip: aot.Chip | None, devices: Sequence[Any], log=print,
            max_compiles: int = 8, candidates: list[tuple[str, int]] | None = None,
            splits: Sequence[int] = (1, 4), hbm_bytes: float = 0.0,
-           first: tuple[str, int] | None = None) -> tuple[dict[str, Any], Config]:
+           first: tuple[str, int] | None = None,
+           faster_than: float = 0.0) -> tuple[dict[str, Any], Config]:
   """Compiles settings in ``_queue``'s order until one fits or ``max_compiles`` were compiled,
   on pure FSDP, then with ``splits``' tensor parallelism; returns the report and config of the
   one that fits (or of the last tried). ``hbm_bytes``: the memory per device (default: the
-  chip's or the device's)."""
+  chip's or the device's); ``faster_than``: only settings predicted faster than that."""
   memory = hbm_bytes or (chip.hbm_bytes if chip else aot.device_memory_limit(devices[0]))
   last: tuple[dict[str, Any], Config] | None = None
   tried = 0
   for split in splits:
     for name, remat, mb, cfg, predicted in _queue(base, chip, devices, split, memory, log,
-                                                  candidates, first):
+                                                  candidates, first, faster_than):
       try:
         report = aot.compile_report(cfg, devices, chip=chip, eval_step=False, hbm_bytes=memory)
       except ConfigError as e:
@@ -177,9 +184,18 @@ def choose(cfg: Config, devices: Sequence[Any] | None = None, *, chip: aot.Chip 
   decision = {"mode": mode, "budget_bytes": budget, "configured_peak": own["train"]["peak"],
               "fits": own["fits"], "setting": _setting(cfg), "rejected": []}
   if own["fits"]:
-    say(f"train.fit={mode}: the configured {_setting(cfg)} fits ({own['headroom']:.0%} of "
-        f"{budget / aot.GiB:.3g} GiB free)")
-    return cfg, decision
+    faster = _faster(cfg, chip, devices, budget) if mode == "auto" and chip else None
+    if faster is None:
+      say(f"train.fit={mode}: the configured {_setting(cfg)} fits ({own['headroom']:.0%} of "
+          f"{budget / aot.GiB:.3g} GiB free)")
+      return cfg, decision
+    (report, chosen, rejected), (mine, theirs) = faster
+    decision.update(setting=_setting(chosen), rejected=rejected, faster=True)
+    say(f"train.fit=auto: the configured {_setting(cfg)} fits, but {decision['setting']} fits "
+        f"too ({report['headroom']:.0%} free) and is predicted faster on {chip.name} "
+        f"({theirs:.3g} s a step against {mine:.3g} s): taking it (train.fit=off keeps the "
+        "configured one)" + ("; rejected: " + "; ".join(rejected) if rejected else ""))
+    return chosen, decision
   lines: list[str] = []
   report, chosen = search(cfg, chip, devices, log=lines.append, hbm_bytes=budget, splits=(1,))
   decision["rejected"] = [ln.strip() for ln in lines if "fits=True" not in ln]
@@ -205,6 +221,28 @@ def choose(cfg: Config, devices: Sequence[Any] | None = None, *, chip: aot.Chip 
   return chosen, decision
 
 
+def _faster(cfg: Config, chip: aot.Chip, devices: Sequence[Any], budget: float):
+  """On a TPU, where the configured setting fits: the first candidate predicted faster that fits
+  too, as ``((report, config, rejected lines), (configured s, its s))``; None if there is none."""
+  from t5like import partitioning
+  from t5like.training import state as state_lib
+  setup = state_lib.build_setup(cfg, partitioning.make_mesh(cfg.mesh, devices))
+  mine = predicted_step_s(cfg, setup, chip)
+  lines: list[str] = []
+  try:
+    report, chosen = search(cfg, chip, devices, log=lines.append, hbm_bytes=budget, splits=(1,),
+                            faster_than=mine * (1 - 1e-6))
+  except ConfigError:  # No candidate is predicted faster.
+    return None
+  found = report["fits"] if jax.process_count() == 1 else _agreed(report["fits"])
+  if not found:
+    return None
+  rejected = [ln.strip() for ln in lines if "fits=True" not in ln and "skip" not in ln]
+  theirs = predicted_step_s(chosen, state_lib.build_setup(
+      chosen, partitioning.make_mesh(chosen.mesh, devices)), chip)
+  return (report, chosen, rejected), (mine, theirs)
+
+
 def _agreed(fits: bool) -> bool:
   """Process 0's verdict on every host (each compiled the same programs)."""
   import numpy as np
@@ -226,10 +264,11 @@ def run_compile_only(cfg: Config, topology: str = "", workdir: str = "",
   chip, devices = aot.topology_devices(topology, num_slices) if topology else (None, None)
   report = aot.compile_report(cfg, devices, chip=chip)
   report["topology"] = (f"{num_slices} x " if num_slices > 1 else "") + (topology or "local")
-  if not report["fits"]:  # What train.fit=auto would take instead.
+  if not report["fits"] or chip:  # What train.fit=auto would take instead (on a TPU: a faster).
     try:
-      report["fit"] = choose(cfg, devices, chip=chip, mode="auto", own=report,
-                             say=lambda s: None)[1]
+      decided = choose(cfg, devices, chip=chip, mode="auto", own=report, say=lambda s: None)[1]
     except ConfigError as e:
-      report["fit"] = {"mode": "auto", "error": str(e).splitlines()[0]}
+      decided = {"mode": "auto", "error": str(e).splitlines()[0]}
+    if not report["fits"] or decided.get("faster"):
+      report["fit"] = decided
   return report

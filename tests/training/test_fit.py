@@ -102,7 +102,7 @@ def compile_report(cfg, devices, chip=None, eval_step=True, hbm_bytes=0.0):
   setting = (cfg.model.remat_policy, cfg.train.microbatches)
   compiled.append("%s/%d" % setting)  # Fits: full remat, or dots_no_batch from 4 microbatches.
   return {"fits": setting[0] == "full" or setting[1] >= 4, "train": {"peak": 1.0},
-          "mesh": {"fsdp": 4}}
+          "mesh": {"fsdp": 4}, "headroom": 0.5}
 aot.compile_report = compile_report
 
 def chip(peak, ici):  # hbm_bw: the state's traffic is the same for every candidate anyway.
@@ -116,11 +116,28 @@ for name, c in [("compute_bound", chip(1e9, 1e30)), ("gather_bound", chip(1e30, 
                          hbm_bytes=2.0**40, max_compiles=20)
   out[name] = {"compiled": list(compiled),
                "chosen": "%s/%d" % (chosen.model.remat_policy, chosen.train.microbatches)}
+  configured = fit.candidate(cfg, "full", 1)  # Fits: train.fit=auto looks for a faster one.
+  compiled.clear()
+  taken, decided = fit.choose(configured, aot.jax.devices(), chip=c, mode="auto",
+                              own={"fits": True, "train": {"peak": 1.0}, "headroom": 0.5},
+                              say=lambda s: None)
+  out[name]["auto"] = {"taken": "%s/%d" % (taken.model.remat_policy, taken.train.microbatches),
+                       "compiled": list(compiled), "faster": decided.get("faster", False)}
   if c is not None:
     out[name]["predicted"] = {
         "%s/%d" % k: fit.predicted_step_s(v, state_lib.build_setup(
             v, partitioning.make_mesh(v.mesh, aot.jax.devices())), c)
         for k in fit.CANDIDATES if (v := fit.candidate(cfg, *k)) is not None}
+# One gather pass a fifth of the step's compute: only dots_no_batch/1 and /2 beat full/1.
+per_pass = out["gather_bound"]["predicted"]["dots_no_batch/1"] / 3  # Seconds at 1 byte/s.
+balanced = chip(1e9, per_pass / (0.2 * out["compute_bound"]["predicted"]["dots_no_batch/1"]))
+compiled.clear()
+taken, decided = fit.choose(configured, aot.jax.devices(), chip=balanced, mode="auto",
+                            own={"fits": True, "train": {"peak": 1.0}, "headroom": 0.5},
+                            say=lambda s: None)
+out["balanced"] = {"auto": {"taken": "%s/%d" % (taken.model.remat_policy,
+                                                taken.train.microbatches),
+                            "compiled": list(compiled), "faster": decided.get("faster", False)}}
 print("RESULT " + json.dumps(out))
 """
 
@@ -143,3 +160,20 @@ def test_on_a_tpu_candidates_go_in_order_of_predicted_step_time():
   assert out["gather_bound"]["chosen"] == "full/1"
   assert out["no_chip"]["compiled"] == ["dots_no_batch/1", "dots_no_batch/2", "full/1"]
   assert out["no_chip"]["chosen"] == "full/1"
+
+
+def test_on_a_tpu_auto_takes_a_faster_setting_than_a_configured_one_that_fits():
+  """The shipped paper configs configure ``full`` remat at one microbatch. Where that fits on a
+  TPU, ``train.fit=auto`` compiles only the candidates predicted faster and takes the first that
+  fits (compute-bound: ``dots_no_batch/4``), so a run gets the TPU table's setting. Where none of
+  those fits (a gather pass a fifth of the compute: ``dots_no_batch/1`` and ``/2``), where none
+  is faster (bound by the gathers: ``dots_no_batch/1`` only ties) and without a chip's figures,
+  the configured setting is kept."""
+  out = json.loads(run_script(ORDER, devices=4).stdout.split("RESULT ")[1])
+  assert out["compute_bound"]["auto"] == {
+      "taken": "dots_no_batch/4", "faster": True,
+      "compiled": ["dots_no_batch/1", "dots_no_batch/2", "dots_no_batch/4"]}
+  assert out["balanced"]["auto"] == {"taken": "full/1", "faster": False,
+                                     "compiled": ["dots_no_batch/1", "dots_no_batch/2"]}
+  assert out["gather_bound"]["auto"] == {"taken": "full/1", "faster": False, "compiled": []}
+  assert out["no_chip"]["auto"] == {"taken": "full/1", "faster": False, "compiled": []}

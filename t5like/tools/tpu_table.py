@@ -7,17 +7,17 @@ Usage (needs libtpu: ``pip install -e '.[tpu]'``, or ``make tpu-table``)::
       --results runs/tpu_table.json [--markdown TABLE.md] [--readme docs/pods.md]
 
 For each config and slice it compiles candidate settings in ``train.fit``'s order (by the roofline
-step predicted before compiling, ``fit.predicted_step_s``) and keeps the first that fits with the
-headroom ``aot.HEADROOM``. Candidates that the per-device estimates already put far over the chip's HBM
-are skipped without compiling. Results are appended to ``--results`` after each compile, so an
-interrupted table resumes where it stopped. Each row compiles in a child process of its own
-(``--in_process``: in this one), so a compiler crash costs its row, named at the end, not the
-run. ``--readme PAGE`` (the table's home: docs/pods.md) rewrites the page's block between
-``<!-- tpu-table -->`` and ``<!-- /tpu-table -->``: rows with a result in ``--results`` are
-replaced or added, the block's other rows are kept (so a new slice or config is one more run).
-``--before PAGE`` (e.g. the page as the last commit has it) sets the rows this run compiled
-beside the same rows of PAGE's block in a second table (setting, peak memory, roofline step,
-headroom, before and now), which keeps the rows of earlier runs the way the main table does.
+step predicted before compiling, ``fit.predicted_step_s``; a row's ``--from_table`` setting first)
+and keeps the first that fits with the headroom ``aot.HEADROOM``. Candidates that the per-device
+estimates already put far over the chip's HBM are skipped without compiling. Results are appended to
+``--results`` after each compile, so an interrupted table resumes where it stopped. Each row
+compiles in a child process of its own (``--in_process``: in this one), so a compiler crash costs
+its row, named at the end, not the run. ``--readme PAGE`` (the table's home: docs/pods.md) rewrites
+the page's block between ``<!-- tpu-table -->`` and ``<!-- /tpu-table -->``: rows with a result in
+``--results`` are replaced or added, the block's other rows are kept (so a new slice or config is
+one more run). ``--before PAGE`` (e.g. the page as the last commit has it) sets the rows this run
+compiled beside the same rows of PAGE's block in a second table (setting, peak memory, roofline
+step, headroom, before and now), which keeps the rows of earlier runs the way the main table does.
 """
 from __future__ import annotations
 
@@ -189,11 +189,6 @@ def _parse_candidate(text: str) -> tuple[str, int]:
   return remat, int(mb)
 
 
-def _row_first(key: str, shown: dict[str, tuple[str, int]]) -> tuple[str, int] | None:
-  """The setting to try first for ``key``: the page's own (``--from_table``), if any."""
-  return shown.get(key)
-
-
 def _compile_in_process(args, shown: dict[str, tuple[str, int]],
                         candidates: list[tuple[str, int]]) -> list[str]:
   """Compiles every missing ``config@slice`` row here, saving ``--results`` after each."""
@@ -212,7 +207,7 @@ def _compile_in_process(args, shown: dict[str, tuple[str, int]],
       print(f"{key}:", flush=True)
       report, _ = search(base, chip, devices, log=lambda s: print(s, flush=True),
                          max_compiles=args.max_compiles, candidates=candidates or None,
-                         first=_row_first(key, shown))
+                         first=shown.get(key))
       report["compiled"] = provenance.stamp()  # Compile seconds depend on host and code.
       results[key] = _jsonable(report)
       results_path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,7 +239,7 @@ def _compile_in_children(args, shown: dict[str, tuple[str, int]],
       done = json.loads(results_path.read_text()) if results_path.exists() else {}
       if key in done:
         continue
-      rc = subprocess.run(child_command(args, name, topo, candidates, _row_first(key, shown)),
+      rc = subprocess.run(child_command(args, name, topo, candidates, shown.get(key)),
                           check=False).returncode
       if rc:
         why = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
